@@ -1,0 +1,12 @@
+"""Conformance harness for gradient kernels.
+
+Public API for adapters and operator authors::
+
+    from harness import register_backend, Backend
+"""
+
+from .registry import Backend, register_backend, register_mutant, register_operator
+from .spec import Axis, Case, Component, Expectation, Inputs, MicrobatchSpec, Mutant, OperatorSpec
+
+__all__ = ["Axis", "Backend", "Case", "Component", "Inputs", "MicrobatchSpec", "OperatorSpec",
+           "register_backend", "register_mutant", "register_operator", "Expectation", "Mutant"]

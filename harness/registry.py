@@ -1,0 +1,320 @@
+"""Operators and backends: registration, discovery and availability.
+
+In-tree operators live in ``cases/<operator>.py`` and register an :class:`OperatorSpec`; in-tree
+backends live under ``backends/<implementation>/`` and register on import. External kernels plug
+in through the ``harness.backends`` entry-point group or ``--plugin path/to/adapter.py`` /
+``--plugin package.module``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import os
+import pkgutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .spec import Case, Mutant, OperatorSpec
+
+log = logging.getLogger("harness")
+
+ENTRY_POINT_GROUP = "harness.backends"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Backend:
+    """A judged implementation of one operator.
+
+    ``impl`` is an autograd-capable callable ``impl(**tensors, **options) -> dict | tuple | Tensor``
+    (outputs in the operator's declared order), or a ``"module:attr"`` string imported on first use
+    (relative to ``package`` when it starts with a dot), so that adapters register without importing
+    triton, CUDA or TileLang. With ``backward`` given, ``impl`` returns ``(outputs, saved)`` and
+    ``backward(saved, grad_outputs: dict) -> dict`` of gradients by input name.
+    """
+
+    operator: str
+    name: str
+    impl: Callable | str
+    backward: Callable | str | None = None
+    devices: tuple[str, ...] = ("cuda",)
+    dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
+    blocks: dict[str, int] = field(default_factory=dict)
+    requires: tuple[str, ...] = ()
+    deterministic: bool = True
+    # Triton kernels: may run on CPU tensors under TRITON_INTERPRET=1
+    interpret: bool = False
+    matmul_precision: str = "ieee"
+    options: dict[str, Any] = field(default_factory=dict)
+    # per-cell skip: fn(case, dtype_name, device) -> reason or None
+    skip: Callable[[Case, str, str], str | None] | None = None
+    package: str | None = None
+    sources: tuple[str, ...] = ()
+    origin: str = "in-tree"
+    description: str = ""
+    # baseline backends are timed in `harness bench` but not required to pass the floor
+    role: str = "kernel"
+    _resolved: Any = field(default=None, repr=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.operator}/{self.name}"
+
+    def _load(self, ref: Callable | str) -> Callable:
+        if callable(ref):
+            return ref
+        mod_name, _, attr = ref.partition(":")
+        mod = importlib.import_module(mod_name, package=self.package)
+        return getattr(mod, attr)
+
+    def resolve(self) -> tuple[Callable, Callable | None]:
+        if self._resolved is None:
+            bwd = self._load(self.backward) if self.backward is not None else None
+            self._resolved = (self._load(self.impl), bwd)
+        return self._resolved
+
+    def unavailable(self, device: str) -> str | None:
+        """Why this backend cannot run on ``device`` here, or None."""
+        dev = device.split(":")[0]
+        if dev not in self.devices:
+            hint = " (a Triton backend runs there under TRITON_INTERPRET=1)" if self.interpret else ""
+            return f"runs on {'/'.join(self.devices)} only; this run is on {dev}{hint}"
+        for pkg in self.requires:
+            if importlib.util.find_spec(pkg) is None:
+                return f"package {pkg!r} is not installed (pip install {pkg})"
+        if dev == "cuda":
+            import torch
+            if not torch.cuda.is_available():
+                return "no CUDA device on this machine"
+        return None
+
+    def source_files(self) -> list[str]:
+        """Files whose content defines this backend, relative to the repo when inside it."""
+        files = list(self.sources)
+        if not files and self.package:
+            spec = importlib.util.find_spec(self.package)
+            if spec is not None and spec.origin:
+                files.append(spec.origin)
+        return files
+
+
+_OPERATORS: dict[str, OperatorSpec] = {}
+_ALIASES: dict[str, list[str]] = {}
+_BACKENDS: dict[str, dict[str, Backend]] = {}
+_MUTANTS: dict[str, Mutant] = {}
+_discovered = False
+_plugins_loaded: list[str] = []
+# While set, registrations are captured here instead of the global table (mutants use this).
+_capture: list[Backend] | None = None
+
+
+def register_operator(spec: OperatorSpec) -> OperatorSpec:
+    _OPERATORS[spec.name] = spec
+    for alias in spec.aliases:
+        _ALIASES.setdefault(alias, [])
+        if spec.name not in _ALIASES[alias]:
+            _ALIASES[alias].append(spec.name)
+    return spec
+
+
+def register_mutant(m: Mutant) -> Mutant:
+    _MUTANTS[m.id] = m
+    return m
+
+
+def mutants(operator: str | None = None) -> list[Mutant]:
+    discover()
+    return [m for m in _MUTANTS.values() if operator is None or m.operator == operator]
+
+
+def register_backend(backend: Backend | None = None, /, **kwargs: Any) -> Any:
+    """Register a backend, directly or as a decorator.
+
+    Decorator form (the 20-line adapter)::
+
+        from harness import register_backend
+
+        @register_backend(operator="softmax_xent", name="mine", devices=("cuda",))
+        def my_xent(logits, targets, *, ignore_index, reduction, label_smoothing, z_loss):
+            return {"loss": my_kernel(logits, targets, ...)}
+    """
+    def add(b: Backend) -> Backend:
+        if _capture is not None:
+            _capture.append(b)
+            return b
+        table = _BACKENDS.setdefault(b.operator, {})
+        if b.name in table and table[b.name].origin != b.origin:
+            log.warning("backend %s registered again by %s (was %s)", b.key, b.origin, table[b.name].origin)
+        table[b.name] = b
+        return b
+
+    if backend is not None:
+        return add(backend)
+
+    def deco(fn: Callable) -> Callable:
+        src = kwargs.pop("sources", None)
+        if src is None:
+            mod = sys.modules.get(fn.__module__)
+            f = getattr(mod, "__file__", None)
+            src = (f,) if f else ()
+        add(Backend(impl=fn, sources=tuple(src), package=fn.__module__, **kwargs))
+        return fn
+
+    return deco
+
+
+def _import_tree(package: str) -> None:
+    """Import every module of an in-tree package that registers something (adapters, cases)."""
+    try:
+        pkg = importlib.import_module(package)
+    except ImportError as e:  # pragma: no cover - broken checkout
+        log.error("cannot import %s: %s", package, e)
+        return
+    for info in pkgutil.walk_packages(pkg.__path__, prefix=package + "."):
+        parts = info.name.split(".")
+        if parts[-1].startswith("_"):
+            continue
+        if package == "cases":
+            wanted = len(parts) == 2 and not info.ispkg
+        else:
+            # backends/<impl>/<op>.py, or backends/<impl>/<op>/adapter.py; kernels and wrappers
+            # are imported lazily by their adapter, so that registering needs no triton or GPU.
+            wanted = (len(parts) == 3 and not info.ispkg) or (len(parts) == 4 and parts[-1] == "adapter")
+        if not wanted:
+            continue
+        try:
+            importlib.import_module(info.name)
+        except Exception as e:  # an adapter that fails to import must not hide the others
+            log.error("cannot import %s: %s: %s", info.name, type(e).__name__, e)
+
+
+def discover() -> None:
+    """Import in-tree operators and backends and entry-point plugins, once."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    _import_tree("cases")
+    _import_tree("backends")
+    try:
+        from importlib.metadata import entry_points
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                obj = ep.load()
+                if callable(obj) and not isinstance(obj, type):
+                    obj()
+            except Exception as e:
+                log.error("entry point %s failed to load: %s", ep.name, e)
+    except Exception as e:  # pragma: no cover
+        log.error("entry points unavailable: %s", e)
+
+
+def load_plugin(spec: str) -> list[Backend]:
+    """Load ``path/to/adapter.py`` or ``package.module``; returns the backends it registered."""
+    before = {(b.operator, b.name, id(b)) for t in _BACKENDS.values() for b in t.values()}
+    p = Path(spec)
+    if spec.endswith(".py") or p.exists():
+        if not p.exists():
+            raise FileNotFoundError(f"--plugin {spec!r}: no such file")
+        name = "harness_plugin_" + p.stem + "_" + str(abs(hash(str(p.resolve()))) % 10**8)
+        mspec = importlib.util.spec_from_file_location(name, p)
+        assert mspec is not None and mspec.loader is not None
+        mod = importlib.util.module_from_spec(mspec)
+        sys.modules[name] = mod
+        mspec.loader.exec_module(mod)
+        origin = f"plugin:{spec}"
+    else:
+        try:
+            importlib.import_module(spec)
+        except ImportError as e:
+            raise ValueError(f"--plugin {spec!r}: not a file and not an importable module ({e})") from e
+        origin = f"plugin:{spec}"
+    new = [b for t in _BACKENDS.values() for b in t.values() if (b.operator, b.name, id(b)) not in before]
+    for b in new:
+        b.origin = origin
+    if spec not in _plugins_loaded:
+        _plugins_loaded.append(spec)
+    return new
+
+
+def plugins_loaded() -> list[str]:
+    return list(_plugins_loaded)
+
+
+def operators() -> dict[str, OperatorSpec]:
+    discover()
+    return dict(_OPERATORS)
+
+
+def get_operator(name: str) -> OperatorSpec:
+    discover()
+    if name not in _OPERATORS:
+        raise KeyError(f"unknown operator {name!r}; operators: {', '.join(sorted(_OPERATORS))}; "
+                       f"families: {', '.join(sorted(_ALIASES))}")
+    return _OPERATORS[name]
+
+
+def resolve_kernels(names: list[str]) -> list[str]:
+    """Expand operator ids and family aliases ('mhc', 'all') into operator ids."""
+    discover()
+    out: list[str] = []
+    for n in names:
+        if n == "all":
+            cand = sorted(_OPERATORS)
+        elif n in _OPERATORS:
+            cand = [n]
+        elif n in _ALIASES:
+            cand = _ALIASES[n]
+        else:
+            raise KeyError(f"--kernel {n!r} is not an operator or family; operators: "
+                           f"{', '.join(sorted(_OPERATORS))}; families: {', '.join(sorted(_ALIASES))}; or 'all'")
+        out += [c for c in cand if c not in out]
+    return out
+
+
+def backends(operator: str | None = None) -> list[Backend]:
+    discover()
+    if operator is None:
+        return [b for t in _BACKENDS.values() for b in t.values()]
+    return list(_BACKENDS.get(operator, {}).values())
+
+
+def get_backend(operator: str, name: str) -> Backend:
+    discover()
+    table = _BACKENDS.get(operator, {})
+    if name in table:
+        return table[name]
+    if name.startswith("mutant:"):
+        from .mutants import mutant_backend
+        return mutant_backend(name.split(":", 1)[1])
+    raise KeyError(f"operator {operator!r} has no backend {name!r}; backends: "
+                   f"{', '.join(sorted(table)) or '(none)'}")
+
+
+def capture_registrations() -> _Capture:
+    return _Capture()
+
+
+class _Capture:
+    """Context manager collecting registrations instead of publishing them (used by mutants)."""
+
+    def __enter__(self) -> list[Backend]:
+        global _capture
+        self._prev = _capture
+        _capture = []
+        return _capture
+
+    def __exit__(self, *exc: object) -> None:
+        global _capture
+        _capture = self._prev
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

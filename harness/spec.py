@@ -1,0 +1,212 @@
+"""Operator specs: what an operator takes, returns, and which gradient components are judged.
+
+An operator is described once, in ``cases/<operator>.py``, by an :class:`OperatorSpec`. The engine
+never names an operator; it only walks these descriptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One localization axis of a component view: dimension ``dim`` of the viewed tensor.
+
+    ``block`` names a key of the backend's ``blocks`` metadata; indices along the axis are then
+    grouped in blocks of that size (``default_block`` when the backend does not declare it).
+    """
+
+    name: str
+    dim: int
+    block: str | None = None
+    default_block: int = 1
+    # group indices by a case parameter instead (e.g. the stream axis of a flattened nD is D wide)
+    group_param: str | None = None
+
+
+@dataclass(frozen=True)
+class Component:
+    """A judged quantity: a named view of an output (``out:NAME``) or of a gradient (``grad:NAME``)."""
+
+    name: str
+    source: str
+    view: Callable[[Tensor, dict], Tensor] | None = None
+    axes: tuple[Axis, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        return self.source.split(":", 1)[0]
+
+    @property
+    def tensor_name(self) -> str:
+        return self.source.split(":", 1)[1]
+
+    def select(self, t: Tensor, params: dict) -> Tensor:
+        return self.view(t, params) if self.view is not None else t
+
+
+@dataclass(frozen=True)
+class Case:
+    """A named point of the input space: sizes, layouts and options, all JSON-able."""
+
+    name: str
+    params: dict[str, Any]
+    tags: tuple[str, ...] = ()
+    # K > 1 turns the cell into the microbatch property: the backend is called on K unequal parts.
+    microbatches: int = 0
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "params": self.params, "tags": list(self.tags),
+                "microbatches": self.microbatches}
+
+    @staticmethod
+    def from_json(d: dict) -> Case:
+        return Case(d["name"], d["params"], tuple(d.get("tags", ())), d.get("microbatches", 0))
+
+
+@dataclass
+class Inputs:
+    """What a generator produces for one cell: tensors at their declared dtypes, plus options."""
+
+    tensors: dict[str, Tensor]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MicrobatchSpec:
+    """How a batch splits, for the microbatch-consistency property.
+
+    ``split(inputs, k, gen)`` returns k per-microbatch :class:`Inputs` (each with the global
+    normalizer set in its options); ``combine[name]`` says how a gradient is rebuilt from the
+    microbatches' gradients: "sum" (shared parameters) or "cat0" (per-token tensors).
+    ``naive_options`` turns a microbatch's options into the classic mistake (a local mean), so the
+    report can show the error that mistake would make.
+    """
+
+    split: Callable[[Inputs, int, torch.Generator], list[Inputs]]
+    combine: dict[str, str]
+    naive_options: Callable[[dict], dict]
+
+
+@dataclass
+class OperatorSpec:
+    """Everything the engine needs to know about one operator."""
+
+    name: str
+    inputs: tuple[str, ...]
+    differentiable: tuple[str, ...]
+    outputs: tuple[str, ...]
+    # outputs that receive an upstream gradient (others are compared but get none)
+    graded_outputs: tuple[str, ...]
+    reference: Callable[..., dict[str, Tensor]]
+    make_inputs: Callable[[Case, torch.dtype, torch.Generator, str], Inputs]
+    components: tuple[Component, ...]
+    presets: dict[str, Callable[[str], list[Case]]]
+    aliases: tuple[str, ...] = ()
+    # which input carries "the case dtype" (x, q, logits, hidden); reported in tables
+    dtype_input: str = ""
+    dtypes: dict[str, tuple[str, ...]] = field(default_factory=lambda: {
+        "cpu": ("float32", "float16"), "cuda": ("float32", "bfloat16", "float16")})
+    # contract dtype of each output, from the (rounded) inputs; gradients take their input's dtype
+    output_dtypes: Callable[[dict[str, Tensor]], dict[str, torch.dtype]] | None = None
+    # upstream gradients; default: randn in each graded output's dtype, layout from params["grad_layout"]
+    make_grad_outputs: Callable[[dict[str, Tensor], Case, torch.Generator, str], dict[str, Tensor]] | None = None
+    # elementwise allowance per component for inputs on a non-differentiable point
+    extra_bound: Callable[[dict, dict, Case], dict[str, Tensor]] | None = None
+    microbatch: MicrobatchSpec | None = None
+    # invariants beyond the reference: fn(outputs, grads, inputs, case) -> list of failure strings
+    invariants: Callable[[dict, dict, Inputs, Case], list[str]] | None = None
+    k_max: float = 3.0
+    k_rms: float = 2.0
+    k_reason: str = ""
+    # hypothesis strategy of Case objects (property-based runs)
+    strategy: Callable[[str], Any] | None = None
+    # FLOPs / bytes models for `harness bench`: fn(params, dtype) -> dict
+    cost_model: Callable[[dict, torch.dtype], dict] | None = None
+    bench_cases: Callable[[str], list[Case]] | None = None
+    baseline: str = "torch"
+    doc: str = ""
+
+    def component(self, name: str) -> Component:
+        for c in self.components:
+            if c.name == name:
+                return c
+        raise KeyError(f"operator {self.name!r} has no component {name!r}; "
+                       f"components: {', '.join(c.name for c in self.components)}")
+
+    def cases(self, preset: str, device: str) -> list[Case]:
+        if preset not in self.presets:
+            raise KeyError(f"operator {self.name!r} has no preset {preset!r}; "
+                           f"presets: {', '.join(self.presets)}")
+        return self.presets[preset](device)
+
+
+def dtype_of(name: str) -> torch.dtype:
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+             "float64": torch.float64, "fp64": torch.float64}
+    if name not in table:
+        raise ValueError(f"dtype {name!r} is not one of float32/fp32, bfloat16/bf16, float16/fp16")
+    return table[name]
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def short_dtype(dt: torch.dtype | str) -> str:
+    name = dt if isinstance(dt, str) else dtype_name(dt)
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}.get(name, name)
+
+
+def as_list(x: Sequence[str] | str | None) -> list[str]:
+    if x is None:
+        return []
+    if isinstance(x, str):
+        return [s for s in x.split(",") if s]
+    return list(x)
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What one case must show for a mutant to count as caught.
+
+    ``fail``: components that must FAIL (or be SHAPE); ``passing``: components that must still pass;
+    ``status``: a required cell status instead ("CRASH|ERROR", "FAIL", ...); ``contracts``: contract
+    names that must be violated (e.g. "input-unchanged"); ``where``: component -> {axis: pattern}
+    with pattern one of "all", "all-but-last", "all-but-first", "first", "last", "none", or a list of
+    indices / an "a-b" range of the bad slices along that axis.
+    """
+
+    case: Case
+    dtype: str = "float32"
+    fail: tuple[str, ...] = ()
+    passing: tuple[str, ...] = ()
+    status: str | None = None
+    contracts: tuple[str, ...] = ()
+    where: dict[str, dict[str, Any]] = field(default_factory=dict)
+    zeros: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """A real backend with one planted defect, made by source edits applied at load time.
+
+    ``edits`` are (file relative to the backend's package directory, old text, new text); each old
+    text must occur exactly once or the zoo reports ERROR for this mutant.
+    """
+
+    id: str
+    operator: str
+    backend: str
+    edits: tuple[tuple[str, str, str], ...]
+    expect: tuple[Expectation, ...]
+    seed: str = ""
+    description: str = ""

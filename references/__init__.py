@@ -1,0 +1,1 @@
+"""Golden PyTorch references, one module per operator (the math of the specs, dtype-generic)."""
