@@ -114,3 +114,48 @@ def test_float32_compute_for_half_inputs() -> None:
     q, k, v, bias, tau = _inputs([-0.4, 0.1], dtype=torch.float32)
     o = lazy_attention(q.half(), k.half(), v.half(), bias, tau)["o"]
     assert o.dtype == torch.float32
+
+
+def _grads_with_mask(q, k, v, bias, tau, g, flip: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The spec's forward and backward with the ReLU mask flipped where ``flip`` is set."""
+    P = lazy_attention_parts(q, k, v, bias, tau)
+    p, z = P["p"], P["z"]
+    m = (P["m"] ^ flip).to(p.dtype)
+    scale = 1 / math.sqrt(q.shape[-1])
+    e = m * z.abs()                      # a flipped kernel keeps a tiny |z|, whatever its sign here
+    dp = m * (g @ v.transpose(-1, -2))
+    ds = p * (dp - (p * dp).sum(-1, keepdim=True))
+    Lq, Wb = q.shape[-2], bias.shape[1]
+    dbias = torch.stack([ds.diagonal(offset=-d, dim1=-2, dim2=-1).sum(dim=(0, 2)) if d < Lq
+                         else torch.zeros(q.shape[1], dtype=p.dtype) for d in range(Wb)], dim=1)
+    inv = 1.0 / torch.arange(1, Lq + 1, dtype=p.dtype)
+    return {"o": e @ v, "dq": scale * ds @ k, "dk": scale * ds.transpose(-1, -2) @ q,
+            "dv": e.transpose(-1, -2) @ g, "dbias": dbias, "dtau": (inv[:, None] * dp).sum(dim=(0, 2, 3))}
+
+
+@pytest.mark.parametrize("tau_kind", ["neg", "mixed"])
+def test_kink_bound_covers_mask_flips(tau_kind: str) -> None:
+    from cases.lazy_attention import C, kink_bound, make_inputs
+    from harness.inputs import generator
+
+    case = C("kink", 2, 3, 40, 16, 7, tau=tau_kind)
+    t = make_inputs(case, torch.float32, generator("kink-test", tau_kind), "cpu").tensors
+    t = {n: x.double() for n, x in t.items()}
+    g = torch.randn(2, 3, 40, 16, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    # tf32's eps marks enough elements at this size to exercise every term of the bound
+    bound = kink_bound(t, {"o": g}, case, matmul_precision="tf32")
+    assert bound["_marked"] > 0
+    P = lazy_attention_parts(*t.values())
+    eps = 2.0 ** -10
+    causal = torch.ones(40, 40, dtype=torch.bool).tril()
+    marked = (P["z"].abs() <= 8 * eps * (P["p"].abs() + P["c"].abs())) & causal
+    assert int(marked.sum()) == bound["_marked"]
+    base = _grads_with_mask(*t.values(), g, torch.zeros_like(marked))
+    rnd = torch.rand(marked.shape, generator=torch.Generator().manual_seed(6)) < 0.5
+    for flip in (marked, marked & rnd):
+        got = _grads_with_mask(*t.values(), g, flip)
+        for name, b in base.items():
+            diff = (got[name] - b).abs()
+            assert (diff <= bound[name] * (1 + 1e-9) + 1e-15).all(), name
+            if name != "o":
+                assert diff.max() > 0, name     # the flip did change this component

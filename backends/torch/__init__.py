@@ -1,0 +1,1 @@
+"""Stock-torch backends: each operator written with torch ops as a user would, in the case dtype."""
