@@ -1,0 +1,225 @@
+"""`harness` command line: run, list, report, mutants, bench, repro."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from . import registry
+from .spec import as_list
+
+log = logging.getLogger("harness")
+
+
+class UsageError(Exception):
+    """Bad arguments: exit code 2 with the message."""
+
+
+def default_device() -> str:
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _load_plugins(plugins: list[str]) -> None:
+    for p in plugins:
+        try:
+            registry.load_plugin(p)
+        except (FileNotFoundError, ValueError) as e:
+            raise UsageError(str(e)) from e
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="cell", dynamic_ncols=True, file=sys.stderr)
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from . import report, runner
+    from .provenance import backend_provenance, device_class, run_provenance
+
+    device = a.device or default_device()
+    _load_plugins(a.plugin)
+    try:
+        plan = runner.plan(as_list(a.kernel), a.sizes, as_list(a.backend) or None, as_list(a.dtype) or None,
+                           device, a.seed, a.repeats, case_filter=a.case)
+    except (KeyError, ValueError) as e:
+        raise UsageError(str(e).strip('"')) from e
+    if a.hypothesis:
+        plan.tasks += _hypothesis_tasks(plan, a, device)
+    if not plan.tasks:
+        raise UsageError("nothing to run: no cases matched")
+    header = run_provenance(device)
+    header["run_id"] = uuid.uuid4().hex[:10]
+    header["command"] = "harness " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    header["sizes"] = a.sizes
+    header["backends"] = {f"{t.operator}/{t.backend}": backend_provenance(
+        registry.get_backend(t.operator, t.backend).source_files()) for t in plan.tasks}
+    writer = report.ReportWriter(a.report, device_class(device), header)
+    bar = _progress(len(plan.tasks), not a.no_progress)
+    t0 = time.time()
+
+    def on_cell(cell: dict) -> None:
+        writer.append(cell)
+        if bar is not None:
+            bar.set_postfix_str(f"{cell['operator']}/{cell['backend']}/{cell['dtype']} {cell['status']}")
+            bar.update(1)
+
+    results = runner.run(plan, registry.plugins_loaded(), on_cell, workers=a.workers, timeout=a.timeout)
+    if bar is not None:
+        bar.close()
+    paths = writer.render()
+    print(report.terminal_summary(results))
+    counts = runner.per_worker_counts(results)
+    if len(counts) > 1 or device.startswith("cuda"):
+        print("cells per worker: " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
+    print(f"{len(results)} cells in {time.time() - t0:.1f} s; reports: "
+          + ", ".join(str(p) for p in paths if p.suffix == ".md"))
+    return runner.exit_code(results, plan.explicit)
+
+
+def _hypothesis_tasks(plan, a: argparse.Namespace, device: str) -> list:
+    from .strategies import sample_cases
+
+    extra = []
+    for op_name in sorted({t.operator for t in plan.tasks}):
+        cases = sample_cases(op_name, device.split(":")[0], a.hypothesis, a.seed)
+        sub = __import__("harness.runner", fromlist=["plan"]).plan(
+            [op_name], a.sizes, as_list(a.backend) or None, as_list(a.dtype) or None, device, a.seed,
+            a.repeats, cases={op_name: cases})
+        extra += sub.tasks
+    return extra
+
+
+def cmd_list(a: argparse.Namespace) -> int:
+    device = a.device or default_device()
+    _load_plugins(a.plugin)
+    ops = registry.operators()
+    for name, op in sorted(ops.items()):
+        fam = f" (family: {', '.join(op.aliases)})" if op.aliases else ""
+        print(f"{name}{fam}: {op.doc}")
+        print(f"  components: {', '.join(c.name for c in op.components)}")
+        print(f"  presets: {', '.join(op.presets)}; dtypes on {device.split(':')[0]}: "
+              f"{', '.join(op.dtypes.get(device.split(':')[0], ()))}")
+        for b in sorted(registry.backends(name), key=lambda b: b.name):
+            why = b.unavailable(device)
+            state = "runs here" if not why else f"SKIP: {why}"
+            role = "" if b.role == "kernel" else f" [{b.role}]"
+            print(f"  - {b.name:<14}{role} {state}; {b.origin}" + (f"; {b.description}" if b.description else ""))
+    zoo = registry.mutants()
+    if zoo:
+        print(f"bug zoo: {len(zoo)} mutants ({', '.join(m.id for m in zoo)})")
+    return 0
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    from . import report
+    from .status import write_status
+
+    root = Path(a.report)
+    out = []
+    for d in sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []:
+        for j in sorted(d.glob("*.jsonl")):
+            out += report.render(d, j.stem)
+    status = write_status(root)
+    print("rendered: " + ", ".join(str(p) for p in out + [status] if p.suffix == ".md"))
+    return 0
+
+
+def cmd_mutants(a: argparse.Namespace) -> int:
+    from .mutants import run_zoo
+
+    return run_zoo(as_list(a.kernel) or ["all"], a.device or default_device(), a.report, a.timeout,
+                   only=as_list(a.only) or None, progress=not a.no_progress)
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from .bench import run_bench
+
+    _load_plugins(a.plugin)
+    return run_bench(as_list(a.kernel) or ["all"], as_list(a.backend) or None, a.device or default_device(),
+                     a.report, as_list(a.dtype) or None, a.reps)
+
+
+def cmd_repro(a: argparse.Namespace) -> int:
+    from .repro import replay
+
+    return replay(a.bundle, a.device)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="harness", description="Conformance harness for gradient kernels.")
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def common(sp: argparse.ArgumentParser, kernel_default: str | None = None) -> None:
+        sp.add_argument("--kernel", default=kernel_default, required=kernel_default is None,
+                        help="operator id, family alias (e.g. mhc) or 'all'; comma-separated")
+        sp.add_argument("--device", default=None, help="cpu, cuda (all visible GPUs) or cuda:N; default: cuda if present")
+        sp.add_argument("--plugin", action="append", default=[], help="adapter file or module (repeatable)")
+        sp.add_argument("--report", default="reports", help="report directory (default: reports)")
+        sp.add_argument("--no-progress", action="store_true")
+
+    r = sub.add_parser("run", help="run conformance cells and write reports")
+    common(r)
+    r.add_argument("--sizes", default="smoke", help="preset: smoke, sweep or full")
+    r.add_argument("--backend", default=None, help="comma-separated backend names (default: all)")
+    r.add_argument("--dtype", default=None, help="comma-separated dtypes (default: the device's list)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--case", default=None, help="only cases whose name contains this")
+    r.add_argument("--timeout", type=float, default=300.0, help="seconds per cell before TIMEOUT")
+    r.add_argument("--workers", type=int, default=None, help="worker processes (default: GPUs, or 2 on CPU)")
+    r.add_argument("--repeats", type=int, default=2, help="backend runs per cell (2 checks determinism)")
+    r.add_argument("--hypothesis", type=int, default=0, metavar="N", help="also run N hypothesis-drawn cases")
+    r.set_defaults(fn=cmd_run)
+
+    ls = sub.add_parser("list", help="operators, backends and whether each can run here")
+    ls.add_argument("--device", default=None)
+    ls.add_argument("--plugin", action="append", default=[])
+    ls.set_defaults(fn=cmd_list)
+
+    rp = sub.add_parser("report", help="re-render markdown/JSON reports and reports/STATUS.md")
+    rp.add_argument("--report", default="reports")
+    rp.set_defaults(fn=cmd_report)
+
+    m = sub.add_parser("mutants", help="run the bug zoo and report the mutation score")
+    common(m, kernel_default="all")
+    m.add_argument("--only", default=None, help="comma-separated mutant ids")
+    m.add_argument("--timeout", type=float, default=300.0)
+    m.set_defaults(fn=cmd_mutants)
+
+    b = sub.add_parser("bench", help="time forward/backward per backend, with rooflines")
+    common(b, kernel_default="all")
+    b.add_argument("--backend", default=None)
+    b.add_argument("--dtype", default=None)
+    b.add_argument("--reps", type=int, default=0, help="timing repetitions (default: do_bench's)")
+    b.set_defaults(fn=cmd_bench)
+
+    rr = sub.add_parser("repro", help="replay a saved failure bundle")
+    rr.add_argument("bundle")
+    rr.add_argument("--device", default=None)
+    rr.set_defaults(fn=cmd_repro)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        return int(a.fn(a))
+    except UsageError as e:
+        print(f"harness {a.cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

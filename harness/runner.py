@@ -1,0 +1,264 @@
+"""The runner: plans cells (operator x case x dtype x backend) and runs them in worker processes.
+
+Cells of one (operator, case, dtype) group go to one worker in a row, so the oracle is computed once
+per group. Each cell has a timeout; a worker that hangs is killed (TIMEOUT), one that dies is
+replaced (CRASH), and the sweep goes on. Every finished cell is appended to the report's JSONL at
+once, so a killed sweep keeps what it did.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from typing import Any
+
+from . import registry
+from .cell import error_cell
+from .spec import Case, as_list
+
+
+@dataclass
+class Task:
+    operator: str
+    backend: str
+    case: Case
+    dtype: str
+    device: str
+    seed: int = 0
+    repeats: int = 2
+    skip: str | None = None
+    skip_kind: str = ""  # "unavailable" (backend cannot run here) or "unsupported" (this cell only)
+
+    def payload(self) -> dict[str, Any]:
+        return {"operator": self.operator, "backend": self.backend, "case": self.case.to_json(),
+                "dtype": self.dtype, "device": self.device, "seed": self.seed, "repeats": self.repeats}
+
+
+@dataclass
+class Plan:
+    tasks: list[Task] = field(default_factory=list)
+    explicit: list[str] = field(default_factory=list)  # backends the user named
+
+
+def plan(kernels: list[str], sizes: str, backends: list[str] | None, dtypes: list[str] | None, device: str,
+         seed: int = 0, repeats: int = 2, cases: dict[str, list[Case]] | None = None,
+         case_filter: str | None = None) -> Plan:
+    """Expand the request into tasks; unknown names raise KeyError/ValueError with the valid ones."""
+    from .spec import dtype_name, dtype_of
+
+    ops = registry.resolve_kernels(kernels)
+    dev = device.split(":")[0]
+    p = Plan(explicit=list(backends or []))
+    for op_name in ops:
+        op = registry.get_operator(op_name)
+        all_b = [b for b in registry.backends(op_name) if b.role != "speed-reference"]
+        if backends:
+            known = {b.name for b in registry.backends(op_name)}
+            chosen = [b for b in all_b if b.name in backends]
+            chosen += [registry.get_backend(op_name, n) for n in backends if n.startswith("mutant:")]
+            missing = [n for n in backends if n not in known and not n.startswith("mutant:")]
+            if missing and len(ops) == 1:
+                raise KeyError(f"--backend {','.join(missing)}: operator {op_name!r} has backends "
+                               f"{', '.join(sorted(known)) or '(none)'}")
+        else:
+            chosen = all_b
+        case_list = cases[op_name] if cases and op_name in cases else op.cases(sizes, dev)
+        if case_filter:
+            case_list = [c for c in case_list if case_filter in c.name]
+        want = [dtype_name(dtype_of(d)) for d in dtypes] if dtypes else list(op.dtypes.get(dev, ("float32",)))
+        for case in case_list:
+            allowed = case.params.get("dtypes")
+            for dt in want:
+                if allowed and dt not in allowed:
+                    continue
+                for b in chosen:
+                    t = Task(op_name, b.name, case, dt, device, seed, repeats)
+                    reason = b.unavailable(device)
+                    if reason:
+                        t.skip, t.skip_kind = reason, "unavailable"
+                    elif dt not in b.dtypes:
+                        t.skip, t.skip_kind = f"backend declares dtypes {', '.join(b.dtypes)} only", "unsupported"
+                    elif b.skip is not None and (r := b.skip(case, dt, dev)):
+                        t.skip, t.skip_kind = r, "unsupported"
+                    p.tasks.append(t)
+    return p
+
+
+def worker_env(device: str, gpu: int | None) -> dict[str, str]:
+    env = {"PYTHONHASHSEED": "0"}
+    if device.split(":")[0] == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    return env
+
+
+class _Worker:
+    def __init__(self, slot: int, device: str, gpu: int | None, plugins: list[str], threads: int):
+        from .worker import worker_main
+
+        self.slot, self.gpu = slot, gpu
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=worker_main, args=(child, worker_env(device, gpu), plugins, threads),
+                                daemon=True)
+        self.proc.start()
+        child.close()
+        self.ready = False
+        self.task: Task | None = None
+        self.started = 0.0
+        self.group: list[Task] = []
+        self.cells = 0
+
+    def send(self, task: Task) -> None:
+        self.task, self.started = task, time.time()
+        payload = task.payload()
+        if self.gpu is not None:
+            payload["device"] = "cuda"  # the worker sees only its own GPU
+        self.conn.send(payload)
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+            self.proc.join(5)
+        except Exception:
+            pass
+
+
+def run(p: Plan, plugins: list[str], on_cell: Callable[[dict], None], workers: int | None = None,
+        timeout: float = 300.0, startup_timeout: float = 600.0) -> list[dict]:
+    """Run the plan; calls ``on_cell`` for each finished cell (SKIP cells included)."""
+    results: list[dict] = []
+    for t in p.tasks:
+        if t.skip:
+            cell = error_cell(t.operator, t.backend, t.case, t.dtype, t.device, t.seed, "SKIP", t.skip)
+            cell["skip_kind"] = t.skip_kind
+            results.append(cell)
+            on_cell(cell)
+    todo = [t for t in p.tasks if not t.skip]
+    if not todo:
+        return results
+    device = todo[0].device
+    gpus: list[int | None]
+    if device.split(":")[0] == "cuda":
+        ids = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if ":" in device:
+            gpus = [int(device.split(":")[1])]
+        else:
+            import torch
+            n = torch.cuda.device_count()
+            visible = [int(x) for x in ids.split(",")] if ids else list(range(n))
+            gpus = list(visible[: workers or len(visible)])
+        threads = 4
+    else:
+        nw = workers or min(2, os.cpu_count() or 1)
+        gpus = [None] * nw
+        threads = max(1, (os.cpu_count() or 1) // nw)
+    groups: dict[tuple, list[Task]] = {}
+    for t in todo:
+        groups.setdefault((t.operator, t.case.name, repr(sorted(t.case.params.items())), t.dtype), []).append(t)
+    queue = list(groups.values())
+    pool = [_Worker(i, device, g, plugins, threads) for i, g in enumerate(gpus)]
+    for w in pool:
+        w.group = []
+
+    def finish(w: _Worker, cell: dict) -> None:
+        cell["worker"] = w.slot if w.gpu is None else f"gpu{w.gpu}"
+        w.cells += 1
+        results.append(cell)
+        on_cell(cell)
+        w.task = None
+
+    def feed(w: _Worker) -> bool:
+        if not w.group and queue:
+            w.group = queue.pop(0)
+        if w.group:
+            w.send(w.group.pop(0))
+            return True
+        return False
+
+    def replace(w: _Worker) -> _Worker:
+        w.kill()
+        nw = _Worker(w.slot, device, w.gpu, plugins, threads)
+        nw.group, nw.cells = w.group, w.cells
+        pool[pool.index(w)] = nw
+        return nw
+
+    born = {w.slot: time.time() for w in pool}
+    while any(w.task or w.group for w in pool) or queue:
+        for w in pool:
+            if w.ready and w.task is None:
+                feed(w)
+        live = [w for w in pool if w.proc.is_alive() or w.task]
+        if not live:
+            break
+        ready = wait([w.conn for w in pool], timeout=1.0)
+        now = time.time()
+        for w in list(pool):
+            if w.conn in ready:
+                try:
+                    msg = w.conn.recv()
+                except (EOFError, OSError):
+                    msg = None
+                if msg is None:
+                    t = w.task
+                    code = w.proc.exitcode if not w.proc.is_alive() else None
+                    w.kill()
+                    if t is not None:
+                        finish(w, error_cell(t.operator, t.backend, t.case, t.dtype, t.device, t.seed, "CRASH",
+                                             f"worker process died (exit code {code}) while running this cell"))
+                    elif not w.ready:
+                        # a worker that cannot even start: fail its group instead of looping forever
+                        for t2 in w.group:
+                            finish(w, error_cell(t2.operator, t2.backend, t2.case, t2.dtype, t2.device, t2.seed,
+                                                 "ERROR", f"worker failed to start (exit code {code})"))
+                        w.group = []
+                    new = replace(w)
+                    born[new.slot] = time.time()
+                elif "ready" in msg:
+                    w.ready = True
+                else:
+                    finish(w, msg)
+                    if msg.get("status") == "CRASH":
+                        new = replace(w)
+                        born[new.slot] = time.time()
+            elif w.task is not None and now - w.started > timeout:
+                t = w.task
+                finish(w, error_cell(t.operator, t.backend, t.case, t.dtype, t.device, t.seed, "TIMEOUT",
+                                     f"no result after {timeout:.0f} s; worker killed and restarted"))
+                new = replace(w)
+                born[new.slot] = time.time()
+            elif not w.ready and now - born[w.slot] > startup_timeout:
+                raise RuntimeError(f"worker {w.slot} did not start within {startup_timeout:.0f} s")
+    for w in pool:
+        try:
+            w.conn.send(None)
+        except (OSError, BrokenPipeError):
+            pass
+        w.proc.join(10)
+        if w.proc.is_alive():
+            w.kill()
+    return results
+
+
+def per_worker_counts(results: list[dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in results:
+        if "worker" in c:
+            out[str(c["worker"])] = out.get(str(c["worker"]), 0) + 1
+    return out
+
+
+def exit_code(results: list[dict], explicit: list[str]) -> int:
+    bad = {"FAIL", "SHAPE", "ERROR", "CRASH", "TIMEOUT"}
+    if any(c["status"] in bad for c in results):
+        return 1
+    for name in as_list(explicit):
+        mine = [c for c in results if c["backend"] == name]
+        if mine and all(c["status"] == "SKIP" and c.get("skip_kind") == "unavailable" for c in mine):
+            return 3
+    return 0

@@ -1,0 +1,51 @@
+"""Worker process: runs cells for one device; a crash or hang costs only the cell in flight.
+
+The parent (runner.py) starts workers with the ``spawn`` method so that environment variables
+(TRITON_INTERPRET for CPU runs, CUDA_VISIBLE_DEVICES for one GPU per worker) are set before torch or
+triton is imported, and so that a dead CUDA context dies with its process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+
+def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threads: int) -> None:
+    os.environ.update(env)
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    from . import registry
+    from .cell import error_cell, safe_run_cell
+    from .spec import Case
+
+    registry.discover()
+    for p in plugins:
+        registry.load_plugin(p)
+    conn.send({"ready": True, "pid": os.getpid()})
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:
+            return
+        if task is None:
+            return
+        case = Case.from_json(task["case"])
+        try:
+            op = registry.get_operator(task["operator"])
+            backend = registry.get_backend(task["operator"], task["backend"])
+            cell: dict[str, Any] = safe_run_cell(op, backend, case, task["dtype"], task["device"],
+                                                 task.get("seed", 0), task.get("repeats", 2))
+        except Exception as e:  # e.g. a mutant whose edit does not apply
+            cell = error_cell(task["operator"], task["backend"], case, task["dtype"], task["device"],
+                              task.get("seed", 0), "ERROR", f"{type(e).__name__}: {e}", traceback.format_exc(limit=8))
+        conn.send(cell)
+        if cell["status"] == "CRASH":
+            # the CUDA context is unusable after a device fault: let the parent start a fresh worker
+            conn.close()
+            sys.exit(3)
