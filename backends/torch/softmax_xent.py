@@ -1,0 +1,43 @@
+"""``softmax_xent`` in eager torch, as a user would write it, in the case dtype: ``F.cross_entropy``
+plus a z-loss term from ``torch.logsumexp``; autograd does the backward."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from harness import Backend, register_backend
+
+Tensor = torch.Tensor
+
+
+def xent_loss(logits: Tensor, targets: Tensor, *, ignore_index: int = -100, reduction: str = "mean",
+              label_smoothing: float = 0.0, z_loss: float = 0.0, normalizer: float | None = None) -> Tensor:
+    """The loss a training loop computes from materialized logits (shared with fused_linear_xent)."""
+    global_mean = reduction == "mean" and normalizer is not None
+    red = "sum" if global_mean else reduction
+    loss = F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction=red,
+                           label_smoothing=label_smoothing)
+    if z_loss:
+        valid = targets != ignore_index
+        zl = z_loss * torch.logsumexp(logits, dim=-1).pow(2) * valid
+        if red == "none":
+            loss = loss + zl
+        elif red == "sum":
+            loss = loss + zl.sum()
+        else:
+            # clamp: with every token ignored the loss stays NaN (from cross_entropy), gradients 0
+            loss = loss + zl.sum() / valid.sum().clamp_min(1)
+    if global_mean:
+        loss = loss / normalizer
+    return loss.float()
+
+
+def softmax_xent_torch(logits: Tensor, targets: Tensor, **options: object) -> dict[str, Tensor]:
+    return {"loss": xent_loss(logits, targets, **options)}
+
+
+register_backend(Backend(
+    operator="softmax_xent", name="torch", impl=softmax_xent_torch, devices=("cpu", "cuda"),
+    dtypes=("float32", "bfloat16", "float16"), deterministic=True, sources=(__file__,),
+    description="F.cross_entropy (+ z-loss via logsumexp) in the case dtype, autograd backward"))
