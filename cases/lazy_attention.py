@@ -228,7 +228,7 @@ def cost_model(p: dict, dtype: torch.dtype) -> dict:
     m V for Delta, dO V^T twice, dS K, P^T dO and dS^T Q."""
     B, H, L, Dh = p["B"], p["H"], p["L"], p["Dh"]
     es = torch.empty((), dtype=dtype).element_size()
-    mm = 2.0 * B * H * (L * (L + 1) / 2) * Dh          # one causal [L,L]x[L,Dh]-sized matmul
+    mm = 2.0 * B * H * (L * L / 2) * Dh                # one causal [L,L]x[L,Dh] matmul, as SDPA is quoted
     tensor = B * H * L * Dh * es
     return {"fwd_flops": 2 * mm, "bwd_flops": 5 * mm, "fwd_flops_executed": 3 * mm,
             "bwd_flops_executed": 9 * mm, "fwd_bytes": 4 * tensor, "bwd_bytes": 8 * tensor}
