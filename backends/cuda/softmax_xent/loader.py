@@ -1,0 +1,58 @@
+"""Compile softmax_xent.cu once (nvcc, cached by source hash) and expose its launchers via ctypes.
+
+The sources are found next to this file, so a bug-zoo mutant (a patched copy of this package)
+compiles its own patched kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+from harness import cuda_build
+
+CU_SOURCES: tuple[Path, ...] = (Path(__file__).with_name("softmax_xent.cu"),)
+NVCC_FLAGS: tuple[str, ...] = cuda_build.DEFAULT_FLAGS
+
+DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}
+REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+
+_P, _I64, _I32, _F32, _F64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_double
+_SIGNATURES = {
+    "xent_forward": [_P, _I32, _I64, _I64, _I64, _P, _I64, _I64, _I32, _I32, _F64, _F32, _F32, _P, _I64,
+                     _P, _P, _P, _P, _P],
+    "xent_backward": [_P, _I32, _I64, _I64, _I64, _P, _I64, _I64, _F32, _F32, _P, _P, _P, _I64, _I32, _P,
+                      _I64, _P],
+    "xent_tune": [_I32, _I32, _I32, _I32],
+    "xent_config": [_I32, _I64, _I32, _P],
+    "xent_error_string": [_I32],
+}
+
+_lib: ctypes.CDLL | None = None
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded library (compiled on first use)."""
+    global _lib
+    if _lib is None:
+        so = cuda_build.load(CU_SOURCES, NVCC_FLAGS, name="softmax_xent")
+        for fn, args in _SIGNATURES.items():
+            getattr(so, fn).argtypes = args
+            getattr(so, fn).restype = ctypes.c_int
+        so.xent_error_string.restype = ctypes.c_char_p
+        _lib = so
+    return _lib
+
+
+def check(code: int, what: str) -> None:
+    """Raise RuntimeError with CUDA's own message when a launcher returned an error."""
+    if code != 0:
+        msg = lib().xent_error_string(code).decode()
+        raise RuntimeError(f"softmax_xent CUDA {what} failed: {msg} (cudaError {code})")
+
+
+def config(dtype: str, V: int, with_grad: bool = True) -> dict[str, int]:
+    """The forward's launch configuration for this dtype and vocabulary (threads, cluster, cache)."""
+    out = (ctypes.c_int64 * 3)()
+    lib().xent_config(DTYPE_CODES[dtype], V, int(with_grad), ctypes.addressof(out))
+    return {"threads": out[0], "cluster": out[1], "cache_bytes": out[2]}

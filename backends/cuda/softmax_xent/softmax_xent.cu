@@ -1,0 +1,633 @@
+// softmax_xent: cross-entropy over materialized logits [N, V] (specs/xent.md), raw CUDA, sm_90.
+//
+// Standalone: no torch headers. Everything is launched through the extern "C" functions at the
+// bottom, which take raw pointers, sizes, element strides, a dtype code and a cudaStream_t, and
+// return the cudaError_t of the launch (cudaGetLastError), so that a bad launch (e.g. blockDim > 1024)
+// becomes an exception in Python instead of a silent no-op.
+//
+// Design (bytes for bf16 logits, N*V elements):
+//  * xent_forward with dlogits != NULL (mean/sum, gradient wanted): one kernel per row computes the
+//    online max/sum (pass 1, reading the row once from HBM and parking it in shared memory), the
+//    per-row loss, and writes dlogits for an upstream gradient g = 1 (pass 2, from shared memory).
+//    A row is split over a thread-block cluster of 1..8 blocks so that each block's share fits in
+//    shared memory; the blocks exchange their partial (max, sum) through distributed shared memory.
+//    Traffic: read N*V*2 + write N*V*2 bytes (the floor).
+//  * xent_backward recomputes dlogits = (mu g / D) ((1 + 2 lam LSE) p - (1-eps)[j==y] - eps/V) from
+//    the saved per-row (max, log sum): read N*V*2 + write N*V*2. With skip_if_one it first reads g
+//    on the device and returns at once when g == 1 (the forward's dlogits are then already right),
+//    so the common loss.backward() costs no extra pass and needs no host synchronisation.
+//  * Without a wanted gradient (or for reduction "none", whose g is per row) the forward only reads
+//    the logits (N*V*2) and the backward reads + writes (2*N*V*2).
+//  * Loss reductions are deterministic: per-row losses go to a float buffer and one block sums them
+//    in a fixed order. No float atomics anywhere; results are bitwise reproducible.
+//
+// Numerics: float32 accumulation throughout; p = exp((z - m) - log s) keeps z - m exact for close
+// values (extreme logits +-1e4); the target's (p - 1) is formed in float32 before the single
+// rounding to the output dtype (bf16 cancellation in confident rows).
+// Compensated summation: each thread sums about V/blockDim exp terms, then a fixed tree combines the
+// threads. Measured on an H100 (scratch run, fp32 logits, V=128256, N=256, randn*2):
+// see KAHAN_NOTE below; the compensated variant is compiled only with -DXENT_KAHAN.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kMaxThreads = 1024;
+constexpr int kUnroll = 4;  // vectors in flight per thread (memory-level parallelism)
+
+enum : int { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
+enum : int { RED_NONE = 0, RED_MEAN = 1, RED_SUM = 2 };
+
+// ---- dtype traits: 16-byte vectors of VEC elements ------------------------------------------------
+
+template <typename T> struct Ty;
+
+template <> struct Ty<float> {
+  static constexpr int VEC = 4;
+  __device__ static float to_f(float x) { return x; }
+  __device__ static float from_f(float x) { return x; }
+  __device__ static void unpack(const uint4& u, float* o) {
+    o[0] = __uint_as_float(u.x); o[1] = __uint_as_float(u.y);
+    o[2] = __uint_as_float(u.z); o[3] = __uint_as_float(u.w);
+  }
+  __device__ static uint4 pack(const float* o) {
+    return make_uint4(__float_as_uint(o[0]), __float_as_uint(o[1]), __float_as_uint(o[2]),
+                      __float_as_uint(o[3]));
+  }
+};
+
+template <> struct Ty<__nv_bfloat16> {
+  static constexpr int VEC = 8;
+  __device__ static float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+  __device__ static __nv_bfloat16 from_f(float x) { return __float2bfloat16_rn(x); }
+  __device__ static void unpack(const uint4& u, float* o) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __bfloat1622float2(h[k]);
+      o[2 * k] = f.x; o[2 * k + 1] = f.y;
+    }
+  }
+  __device__ static uint4 pack(const float* o) {
+    uint4 u;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(o[2 * k], o[2 * k + 1]);
+    return u;
+  }
+};
+
+template <> struct Ty<__half> {
+  static constexpr int VEC = 8;
+  __device__ static float to_f(__half x) { return __half2float(x); }
+  __device__ static __half from_f(float x) { return __float2half_rn(x); }
+  __device__ static void unpack(const uint4& u, float* o) {
+    const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __half22float2(h[k]);
+      o[2 * k] = f.x; o[2 * k + 1] = f.y;
+    }
+  }
+  __device__ static uint4 pack(const float* o) {
+    uint4 u;
+    __half2* h = reinterpret_cast<__half2*>(&u);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) h[k] = __floats2half2_rn(o[2 * k], o[2 * k + 1]);
+    return u;
+  }
+};
+
+template <typename T> __device__ __forceinline__ float round_to(float x) {
+  return Ty<T>::to_f(Ty<T>::from_f(x));
+}
+
+template <typename T> constexpr int vec_of() { return 16 / (int)sizeof(T); }
+
+// ---- geometry: one block's share of a row ---------------------------------------------------------
+// A row is: `h` scalar head elements up to the first 16-byte aligned address, `nb` aligned vectors
+// of w elements, then a scalar tail. Body vectors are split evenly over `parts` blocks; part 0 also
+// takes the head, the last part the tail. With w == 1 (no vector path) the head is empty.
+
+struct Span {
+  int64_t head_hi;  // head is [0, head_hi)
+  int64_t base;     // element index of body vector 0
+  int64_t v0, v1;   // this block's body vectors [v0, v1)
+  int64_t tail_lo, tail_hi;
+  int w;
+};
+
+__host__ __device__ inline Span make_span(uintptr_t row_addr, int es, int64_t V, int w, int parts,
+                                          int part) {
+  Span s;
+  int64_t h = 0;
+  if (w > 1) {
+    h = (int64_t)(((16u - (unsigned)(row_addr & 15u)) & 15u) / (unsigned)es);
+    if (h > V) h = V;
+  }
+  const int64_t nb = (V - h) / w;
+  const int64_t cv = (nb + parts - 1) / parts;
+  s.w = w;
+  s.base = h;
+  s.v0 = (int64_t)part * cv < nb ? (int64_t)part * cv : nb;
+  s.v1 = s.v0 + cv < nb ? s.v0 + cv : nb;
+  s.head_hi = part == 0 ? h : 0;
+  s.tail_lo = h + nb * w;
+  s.tail_hi = part == parts - 1 ? V : s.tail_lo;
+  return s;
+}
+
+// Elements one block may park in shared memory (upper bound over all row alignments).
+__host__ __device__ inline int64_t cache_elems(int64_t V, int w, int parts) {
+  const int64_t nb = V / w;
+  return ((nb + parts - 1) / parts) * w;
+}
+
+// ---- online (max, sum) with a fixed reduction tree -----------------------------------------------
+
+struct MS {
+  float m;  // running max
+  float s;  // sum of exp(z - m)
+  float z;  // sum of z (label smoothing)
+};
+
+__device__ __forceinline__ MS ms_identity() { return MS{-INFINITY, 0.f, 0.f}; }
+
+__device__ __forceinline__ void ms_merge(MS& a, const MS& b) {
+  const float mn = fmaxf(a.m, b.m);
+  // a side whose max equals the new max keeps its sum exactly (also covers -inf == -inf)
+  const float sa = a.m == mn ? a.s : a.s * expf(a.m - mn);
+  const float sb = b.m == mn ? b.s : b.s * expf(b.m - mn);
+  a.m = mn;
+  a.s = sa + sb;
+  a.z += b.z;
+}
+
+// Per-thread accumulation of n values; `comp` is the Kahan compensation (only with XENT_KAHAN).
+__device__ __forceinline__ void ms_add(MS& a, float& comp, const float* x, int n) {
+  float lm = x[0];
+  for (int k = 1; k < n; ++k) lm = fmaxf(lm, x[k]);
+  if (lm > a.m) {
+    const float f = expf(a.m - lm);  // 0 when a.m = -inf
+    a.s *= f;
+    comp *= f;
+    a.m = lm;
+  }
+  for (int k = 0; k < n; ++k) {
+    // -inf logits contribute exactly 0 (and never exp(-inf - -inf) = NaN); NaN logits propagate
+    const float e = x[k] == -INFINITY ? 0.f : expf(x[k] - a.m);
+#ifdef XENT_KAHAN
+    const float yk = e - comp;
+    const float t = a.s + yk;
+    comp = (t - a.s) - yk;
+    a.s = t;
+#else
+    a.s += e;
+#endif
+    a.z += x[k];
+  }
+}
+
+// Reduce over the first `width` lanes of a warp (width may be < 32 in a partial last warp, which
+// happens when blockDim is not a multiple of 32). Lane 0 gets the result.
+__device__ __forceinline__ MS warp_reduce(MS v, int lane, int width) {
+  const unsigned mask = width >= 32 ? 0xffffffffu : ((1u << width) - 1u);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    MS o;
+    o.m = __shfl_down_sync(mask, v.m, off);
+    o.s = __shfl_down_sync(mask, v.s, off);
+    o.z = __shfl_down_sync(mask, v.z, off);
+    if (lane + off < width) ms_merge(v, o);
+  }
+  return v;
+}
+
+// Block reduction for any blockDim <= 1024; every thread returns the block's result.
+__device__ MS block_reduce(MS v, MS* wbuf, MS* out) {
+  const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
+  const int nw = (nt + 31) >> 5;
+  v = warp_reduce(v, lane, min(32, nt - warp * 32));
+  if (lane == 0) wbuf[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    MS r = lane < nw ? wbuf[lane] : ms_identity();
+    r = warp_reduce(r, lane, min(32, nt));
+    if (lane == 0) *out = r;
+  }
+  __syncthreads();
+  return *out;
+}
+
+// ---- per-element gradient ------------------------------------------------------------------------
+
+struct Coef {
+  float m, logs;  // p = exp((z - m) - logs)
+  float a;        // 1 + 2 lam LSE
+  float b;        // eps / V
+  float t;        // 1 - eps
+  float c;        // mu g / D
+  bool zero;      // ignored row (or D == 0): write exact zeros, read nothing
+};
+
+template <typename T>
+__device__ __forceinline__ float grad_elem(float x, bool tgt, const Coef& k) {
+  float d = k.a * expf((x - k.m) - k.logs) - k.b;
+  if (tgt) d -= k.t;  // p - 1 in float32, rounded to T once by the caller
+  return k.c * d;
+}
+
+// Pass 2: write dlogits for one block's share of a row, reading the body from `cache` (shared
+// memory, same thread -> vector mapping as pass 1) when given, else from global memory.
+template <typename T>
+__device__ void write_grad(const T* __restrict__ x, T* __restrict__ d, const Span& sp, int64_t y,
+                           const Coef& k, const T* cache) {
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const T zero = Ty<T>::from_f(0.f);
+  for (int64_t j = tid; j < sp.head_hi; j += nt)
+    d[j] = k.zero ? zero : Ty<T>::from_f(grad_elem<T>(Ty<T>::to_f(x[j]), j == y, k));
+  for (int64_t j = sp.tail_lo + tid; j < sp.tail_hi; j += nt)
+    d[j] = k.zero ? zero : Ty<T>::from_f(grad_elem<T>(Ty<T>::to_f(x[j]), j == y, k));
+  if (sp.w > 1) {
+    constexpr int W = Ty<T>::VEC;
+    for (int64_t i0 = sp.v0 + tid; i0 < sp.v1; i0 += (int64_t)kUnroll * nt) {
+      uint4 u[kUnroll];
+#pragma unroll
+      for (int q = 0; q < kUnroll; ++q) {
+        const int64_t i = i0 + (int64_t)q * nt;
+        if (i < sp.v1 && !k.zero)
+          u[q] = cache ? reinterpret_cast<const uint4*>(cache)[i - sp.v0]
+                       : *reinterpret_cast<const uint4*>(x + sp.base + i * W);
+      }
+#pragma unroll
+      for (int q = 0; q < kUnroll; ++q) {
+        const int64_t i = i0 + (int64_t)q * nt;
+        if (i >= sp.v1) break;
+        const int64_t j0 = sp.base + i * W;
+        float v[W], o[W];
+        if (k.zero) {
+#pragma unroll
+          for (int e = 0; e < W; ++e) o[e] = 0.f;
+        } else {
+          Ty<T>::unpack(u[q], v);
+#pragma unroll
+          for (int e = 0; e < W; ++e) o[e] = grad_elem<T>(v[e], j0 + e == y, k);
+        }
+        __stcs(reinterpret_cast<uint4*>(d + j0), Ty<T>::pack(o));
+      }
+    }
+  } else {
+    for (int64_t i = sp.v0 + tid; i < sp.v1; i += nt) {
+      const int64_t j = sp.base + i;
+      d[j] = k.zero ? zero
+                    : Ty<T>::from_f(grad_elem<T>(Ty<T>::to_f(cache ? cache[i - sp.v0] : x[j]), j == y, k));
+    }
+  }
+}
+
+__device__ __forceinline__ Coef make_coef(float m, float logs, bool valid, bool in_range, float gD,
+                                          float eps, float lam, int64_t V) {
+  Coef k;
+  k.m = m;
+  k.logs = logs;
+  k.a = lam != 0.f ? 1.f + 2.f * lam * (m + logs) : 1.f;
+  k.b = eps != 0.f ? eps / (float)V : 0.f;
+  k.t = 1.f - eps;
+  // an out-of-range target (neither valid nor ignore_index) poisons its row with NaN
+  k.c = in_range ? gD : NAN;
+  k.zero = !valid || gD == 0.f;
+  if (!in_range && valid) k.zero = false;
+  return k;
+}
+
+// ---- kernels -------------------------------------------------------------------------------------
+
+// Forward over rows: (max, log sum) per row, per-row loss, and, when dlog != NULL, dlogits for g = 1.
+// Grid: N * parts blocks; with parts > 1 it is launched as clusters of `parts` blocks per row.
+template <typename T>
+__global__ void __launch_bounds__(kMaxThreads)
+xent_rows_kernel(const T* __restrict__ logits, int64_t V, int64_t ls, const int64_t* __restrict__ targets,
+                 int64_t ts, int64_t ignore_index, float eps, float lam, const float* __restrict__ denom,
+                 T* __restrict__ dlog, int64_t ds, int vec, int parts, int cache,
+                 float2* __restrict__ stats, float* __restrict__ row_loss) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ MS wbuf[32];
+  __shared__ MS red;  // this block's partial; read by the other blocks of the cluster
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int64_t row = blockIdx.x / parts;
+  const int part = (int)(blockIdx.x % parts);
+  const int64_t row_off = row * ls;  // 64-bit: N*V exceeds 2^31 in the full preset
+  const T* x = logits + row_off;
+  const int64_t y = targets[row * ts];
+  const bool valid = y != ignore_index;
+  const bool in_range = !valid || (y >= 0 && y < V);
+  const int w = vec ? Ty<T>::VEC : 1;
+  const Span sp = make_span(reinterpret_cast<uintptr_t>(x), (int)sizeof(T), V, w, parts, part);
+  T* cp = (cache && dlog) ? reinterpret_cast<T*>(smem) : nullptr;
+
+  MS acc = ms_identity();
+  float comp = 0.f;
+  if (valid) {  // ignored rows are never read
+    for (int64_t j = tid; j < sp.head_hi; j += nt) { const float v = Ty<T>::to_f(x[j]); ms_add(acc, comp, &v, 1); }
+    for (int64_t j = sp.tail_lo + tid; j < sp.tail_hi; j += nt) { const float v = Ty<T>::to_f(x[j]); ms_add(acc, comp, &v, 1); }
+    if (w > 1) {
+      constexpr int W = Ty<T>::VEC;
+      for (int64_t i0 = sp.v0 + tid; i0 < sp.v1; i0 += (int64_t)kUnroll * nt) {
+        uint4 u[kUnroll];
+#pragma unroll
+        for (int q = 0; q < kUnroll; ++q) {
+          const int64_t i = i0 + (int64_t)q * nt;
+          if (i < sp.v1) u[q] = *reinterpret_cast<const uint4*>(x + sp.base + i * W);
+        }
+#pragma unroll
+        for (int q = 0; q < kUnroll; ++q) {
+          const int64_t i = i0 + (int64_t)q * nt;
+          if (i >= sp.v1) break;
+          if (cp) reinterpret_cast<uint4*>(cp)[i - sp.v0] = u[q];
+          float v[W];
+          Ty<T>::unpack(u[q], v);
+          ms_add(acc, comp, v, W);
+        }
+      }
+    } else {
+      for (int64_t i = sp.v0 + tid; i < sp.v1; i += nt) {
+        const T raw = x[sp.base + i];
+        if (cp) cp[i - sp.v0] = raw;
+        const float v = Ty<T>::to_f(raw);
+        ms_add(acc, comp, &v, 1);
+      }
+    }
+#ifdef XENT_KAHAN
+    acc.s -= comp;
+#endif
+  }
+  MS tot = block_reduce(acc, wbuf, &red);
+  if (parts > 1) {
+    __cluster_barrier_arrive();  // release: `red` is visible to the cluster
+    __cluster_barrier_wait();
+    tot = ms_identity();
+    for (int r = 0; r < parts; ++r)  // fixed order: every block gets the same bits
+      ms_merge(tot, *reinterpret_cast<const MS*>(__cluster_map_shared_rank(&red, (unsigned)r)));
+    __cluster_barrier_arrive();  // done reading the others' `red`; waited for before exit
+  }
+  const float m = tot.m, logs = logf(tot.s);
+  if (part == 0 && tid == 0) {
+    stats[row] = make_float2(m, logs);
+    float l = 0.f;
+    if (valid && !in_range) {
+      l = NAN;
+    } else if (valid) {
+      const float zy = Ty<T>::to_f(x[y]);
+      l = (1.f - eps) * ((m - zy) + logs);
+      if (eps != 0.f) l += eps * ((m - tot.z / (float)V) + logs);
+      if (lam != 0.f) { const float lse = m + logs; l += lam * lse * lse; }
+    }
+    row_loss[row] = l;
+  }
+  if (dlog) {
+    const float D = *denom;
+    const Coef k = make_coef(m, logs, valid, in_range, D == 0.f ? 0.f : 1.f / D, eps, lam, V);
+    write_grad<T>(x, dlog + row * ds, sp, y, k, cp);
+  }
+  if (parts > 1) __cluster_barrier_wait();
+}
+
+// Backward: dlogits from the saved (max, log sum), for upstream gradient g[row * gs] (gs = 0: scalar).
+// Grid: N * parts blocks, no cluster.
+template <typename T>
+__global__ void __launch_bounds__(kMaxThreads)
+xent_grad_kernel(const T* __restrict__ logits, int64_t V, int64_t ls, const int64_t* __restrict__ targets,
+                 int64_t ts, int64_t ignore_index, float eps, float lam, const float2* __restrict__ stats,
+                 const float* __restrict__ denom, const float* __restrict__ g, int64_t gs, int skip_if_one,
+                 T* __restrict__ dlog, int64_t ds, int vec, int parts) {
+  if (skip_if_one && g[0] == 1.0f) return;  // the forward already wrote dlogits for g = 1
+  const int64_t row = blockIdx.x / parts;
+  const int part = (int)(blockIdx.x % parts);
+  const T* x = logits + row * ls;
+  const int64_t y = targets[row * ts];
+  const bool valid = y != ignore_index;
+  const bool in_range = !valid || (y >= 0 && y < V);
+  const Span sp = make_span(reinterpret_cast<uintptr_t>(x), (int)sizeof(T), V, vec ? Ty<T>::VEC : 1,
+                            parts, part);
+  const float D = *denom;
+  const float2 st = stats[row];
+  const Coef k = make_coef(st.x, st.y, valid, in_range, D == 0.f || !valid ? 0.f : g[row * gs] / D, eps,
+                           lam, V);
+  write_grad<T>(x, dlog + row * ds, sp, y, k, nullptr);
+}
+
+// D: the valid-token count (mean without normalizer) or a given value (normalizer, or 1).
+__global__ void xent_denom_kernel(const int64_t* __restrict__ targets, int64_t N, int64_t ts,
+                                  int64_t ignore_index, int count, float value, float* __restrict__ denom) {
+  __shared__ unsigned long long total;
+  if (threadIdx.x == 0) total = 0ull;
+  __syncthreads();
+  if (count) {
+    unsigned long long c = 0;
+    for (int64_t i = threadIdx.x; i < N; i += blockDim.x) c += targets[i * ts] != ignore_index;
+    atomicAdd(&total, c);  // integer: exact in any order
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *denom = count ? (float)total : value;
+}
+
+// Loss: sum of the per-row losses in a fixed order (thread-strided, then a fixed tree), over D.
+__global__ void xent_finalize_kernel(const float* __restrict__ row_loss, int64_t N,
+                                     const float* __restrict__ denom, int mean, float* __restrict__ out) {
+  __shared__ float buf[32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  float s = 0.f;
+  for (int64_t i = tid; i < N; i += blockDim.x) s += row_loss[i];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
+  if (lane == 0) buf[warp] = s;
+  __syncthreads();
+  if (warp == 0) {
+    s = lane < (int)(blockDim.x >> 5) ? buf[lane] : 0.f;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
+    if (lane == 0) {
+      const float D = *denom;
+      *out = mean ? (D == 0.f ? NAN : s / D) : s;
+    }
+  }
+}
+
+// ---- host side -----------------------------------------------------------------------------------
+
+int g_block = 1024;           // threads per block of the row kernels
+int g_parts = 0;              // 0: pick the cluster size; > 0 force it (experiments)
+int g_cache = 1;              // park the row in shared memory when it fits
+int g_cap = 112 * 1024;       // shared-memory budget per block for the row cache (2 blocks per SM)
+
+int row_threads(int64_t V) {
+  (void)V;
+  int threads = g_block;
+  return threads;
+}
+
+// Cluster size and row cache of the forward: the smallest cluster (1, 2, 4, 8 blocks per row) whose
+// per-block share of the row fits the shared-memory budget; rows too long for that are re-read from
+// global memory (L2) in pass 2 instead.
+void choose_rows(int64_t V, int es, int w, bool with_grad, int* parts, int* cache) {
+  *parts = 1;
+  *cache = 0;
+  if (with_grad && g_cache) {
+    for (int p = 1; p <= 8; p *= 2) {
+      if (cache_elems(V, w, p) * es <= g_cap) { *parts = p; *cache = 1; break; }
+    }
+  }
+  if (g_parts > 0) {
+    *parts = g_parts;
+    *cache = with_grad && g_cache && cache_elems(V, w, g_parts) * es <= g_cap;
+  }
+}
+
+bool vec_ok(const void* l, int64_t ls, const void* d, int64_t ds, int es, int64_t N) {
+  // the vector path needs the logits row and the dlogits row equally aligned, on every row
+  if (!d) return true;
+  if (((uintptr_t)l & 15u) != ((uintptr_t)d & 15u)) return false;
+  return N <= 1 || ((ls - ds) * es) % 16 == 0;
+}
+
+template <typename T>
+cudaError_t launch_rows(const void* logits, int64_t N, int64_t V, int64_t ls, const int64_t* targets,
+                        int64_t ts, int64_t ignore_index, float eps, float lam, const float* denom,
+                        void* dlog, int64_t ds, float* stats, float* row_loss, cudaStream_t st) {
+  const int es = (int)sizeof(T);
+  const int vec = vec_ok(logits, ls, dlog, ds, es, N) ? 1 : 0;
+  const int w = vec ? vec_of<T>() : 1;
+  const int threads = row_threads(V);
+  int parts = 1, cache = 0;
+  choose_rows(V, es, w, dlog != nullptr, &parts, &cache);
+  const size_t smem = cache ? (size_t)cache_elems(V, w, parts) * es : 0;
+  if (N * parts > 0x7fffffffLL) return cudaErrorInvalidValue;
+  auto kern = xent_rows_kernel<T>;
+  if (smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+  }
+  const T* lp = static_cast<const T*>(logits);
+  T* dp = static_cast<T*>(dlog);
+  float2* sp = reinterpret_cast<float2*>(stats);
+  if (parts == 1) {
+    kern<<<(unsigned)N, threads, smem, st>>>(lp, V, ls, targets, ts, ignore_index, eps, lam, denom, dp, ds,
+                                             vec, parts, cache, sp, row_loss);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)(N * parts));
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = parts;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, lp, V, ls, targets, ts, ignore_index, eps, lam, denom,
+                                           dp, ds, vec, parts, cache, sp, row_loss);
+  const cudaError_t last = cudaGetLastError();
+  return e != cudaSuccess ? e : last;
+}
+
+template <typename T>
+cudaError_t launch_grad(const void* logits, int64_t N, int64_t V, int64_t ls, const int64_t* targets,
+                        int64_t ts, int64_t ignore_index, float eps, float lam, const float* stats,
+                        const float* denom, const float* g, int64_t gs, int skip_if_one, void* dlog,
+                        int64_t ds, cudaStream_t st) {
+  const int es = (int)sizeof(T);
+  const int vec = vec_ok(logits, ls, dlog, ds, es, N) ? 1 : 0;
+  const int w = vec ? vec_of<T>() : 1;
+  const int threads = row_threads(V);
+  // about kUnroll vectors per thread per block
+  const int64_t per_block = (int64_t)threads * kUnroll * w;
+  int64_t parts = (V + per_block - 1) / per_block;
+  parts = parts < 1 ? 1 : (parts > 64 ? 64 : parts);
+  if (N * parts > 0x7fffffffLL) return cudaErrorInvalidValue;
+  xent_grad_kernel<T><<<(unsigned)(N * parts), threads, 0, st>>>(
+      static_cast<const T*>(logits), V, ls, targets, ts, ignore_index, eps, lam,
+      reinterpret_cast<const float2*>(stats), denom, g, gs, skip_if_one, static_cast<T*>(dlog), ds, vec,
+      (int)parts);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+extern "C" {
+
+// Forward. dlog may be NULL (no gradient wanted now). stats: float [N, 2] (max, log sum);
+// row_loss: float [N] (l_i * mu_i); denom: float [1]; loss_out: float [1] (unused for "none").
+int xent_forward(const void* logits, int dtype, int64_t N, int64_t V, int64_t ls, const int64_t* targets,
+                 int64_t ts, int64_t ignore_index, int reduction, int has_normalizer, double normalizer,
+                 float eps, float lam, void* dlog, int64_t ds, float* stats, float* row_loss, float* denom,
+                 float* loss_out, void* stream) {
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const int count = reduction == RED_MEAN && !has_normalizer;
+  const float value = reduction == RED_MEAN && has_normalizer ? (float)normalizer : 1.f;
+  xent_denom_kernel<<<1, kMaxThreads, 0, st>>>(targets, N, ts, ignore_index, count, value, denom);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return (int)e;
+  if (N > 0) {
+    switch (dtype) {
+      case DT_F32: e = launch_rows<float>(logits, N, V, ls, targets, ts, ignore_index, eps, lam, denom, dlog, ds, stats, row_loss, st); break;
+      case DT_BF16: e = launch_rows<__nv_bfloat16>(logits, N, V, ls, targets, ts, ignore_index, eps, lam, denom, dlog, ds, stats, row_loss, st); break;
+      case DT_F16: e = launch_rows<__half>(logits, N, V, ls, targets, ts, ignore_index, eps, lam, denom, dlog, ds, stats, row_loss, st); break;
+      default: return (int)cudaErrorInvalidValue;
+    }
+    if (e != cudaSuccess) return (int)e;
+  }
+  if (reduction != RED_NONE) {
+    xent_finalize_kernel<<<1, kMaxThreads, 0, st>>>(row_loss, N, denom, reduction == RED_MEAN, loss_out);
+    e = cudaGetLastError();
+  }
+  return (int)e;
+}
+
+// Backward: dlogits [N, V] (row stride ds) for upstream gradient g (gs = 0: one scalar).
+// skip_if_one: return at once when g[0] == 1 (dlog already holds the forward's g = 1 gradient).
+int xent_backward(const void* logits, int dtype, int64_t N, int64_t V, int64_t ls, const int64_t* targets,
+                  int64_t ts, int64_t ignore_index, float eps, float lam, const float* stats,
+                  const float* denom, const float* g, int64_t gs, int skip_if_one, void* dlog, int64_t ds,
+                  void* stream) {
+  if (N <= 0) return 0;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  cudaError_t e;
+  switch (dtype) {
+    case DT_F32: e = launch_grad<float>(logits, N, V, ls, targets, ts, ignore_index, eps, lam, stats, denom, g, gs, skip_if_one, dlog, ds, st); break;
+    case DT_BF16: e = launch_grad<__nv_bfloat16>(logits, N, V, ls, targets, ts, ignore_index, eps, lam, stats, denom, g, gs, skip_if_one, dlog, ds, st); break;
+    case DT_F16: e = launch_grad<__half>(logits, N, V, ls, targets, ts, ignore_index, eps, lam, stats, denom, g, gs, skip_if_one, dlog, ds, st); break;
+    default: return (int)cudaErrorInvalidValue;
+  }
+  return (int)e;
+}
+
+const char* xent_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+
+// Launch configuration knobs, for measurements only (0 / negative keeps the current value).
+int xent_tune(int block, int parts, int cache, int cap_bytes) {
+  if (block > 0) g_block = block;
+  if (parts >= 0) g_parts = parts;
+  if (cache >= 0) g_cache = cache;
+  if (cap_bytes > 0) g_cap = cap_bytes;
+  return 0;
+}
+
+// The launch configuration the forward would use, for the report: threads, parts, cache bytes.
+int xent_config(int dtype, int64_t V, int with_grad, int64_t* out3) {
+  const int es = dtype == DT_F32 ? 4 : 2;
+  const int w = 16 / es;
+  int parts = 1, cache = 0;
+  choose_rows(V, es, w, with_grad != 0, &parts, &cache);
+  out3[0] = row_threads(V);
+  out3[1] = parts;
+  out3[2] = cache ? cache_elems(V, w, parts) * es : 0;
+  return 0;
+}
+
+}  // extern "C"
