@@ -1,0 +1,30 @@
+"""``fused_linear_xent`` in eager torch, as a user would write it, in the case dtype: ``F.linear``
+materializes the [N, V] logits, then softcap and the loss of backends/torch/softmax_xent.py."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from backends.torch.softmax_xent import xent_loss
+from harness import Backend, register_backend
+
+Tensor = torch.Tensor
+
+
+def fused_linear_xent_torch(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, *,
+                            softcap: float | None = None, return_lse: bool = False,
+                            **options: object) -> dict[str, Tensor]:
+    z = F.linear(hidden, weight, bias)
+    if softcap:
+        z = softcap * torch.tanh(z / softcap)
+    out = {"loss": xent_loss(z, targets, **options)}
+    if return_lse:
+        out["lse"] = torch.logsumexp(z.float(), dim=-1)
+    return out
+
+
+register_backend(Backend(
+    operator="fused_linear_xent", name="torch", impl=fused_linear_xent_torch, devices=("cpu", "cuda"),
+    dtypes=("float32", "bfloat16", "float16"), deterministic=True, sources=(__file__,),
+    description="F.linear (+bias), softcap, F.cross_entropy in the case dtype; logits materialized"))
