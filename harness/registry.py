@@ -59,6 +59,9 @@ class Backend:
     description: str = ""
     # baseline backends are timed in `harness bench` but not required to pass the floor
     role: str = "kernel"
+    # dtype -> reason: cells of that dtype are expected to fall behind the floor (declared, never hidden:
+    # the report shows the FAIL, and pytest marks the item xfail with this reason)
+    expected_gaps: dict[str, str] = field(default_factory=dict)
     _resolved: Any = field(default=None, repr=False)
 
     @property

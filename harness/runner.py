@@ -262,3 +262,58 @@ def exit_code(results: list[dict], explicit: list[str]) -> int:
         if mine and all(c["status"] == "SKIP" and c.get("skip_kind") == "unavailable" for c in mine):
             return 3
     return 0
+
+
+class CellExecutor:
+    """One persistent worker process running cells one at a time (used by the pytest plugin)."""
+
+    def __init__(self, device: str, plugins: list[str], timeout: float = 300.0, gpu: int | None = None):
+        self.device, self.plugins, self.timeout, self.gpu = device, plugins, timeout, gpu
+        self.threads = 0 if device.startswith("cuda") else max(1, os.cpu_count() or 1)
+        self.w: _Worker | None = None
+
+    def _start(self) -> _Worker:
+        w = _Worker(0, self.device, self.gpu, self.plugins, self.threads)
+        if not w.conn.poll(600):
+            w.kill()
+            raise RuntimeError("harness worker did not start within 600 s")
+        msg = w.conn.recv()
+        w.ready = bool(msg.get("ready"))
+        return w
+
+    def run(self, t: Task) -> dict:
+        if t.skip:
+            cell = error_cell(t.operator, t.backend, t.case, t.dtype, t.device, t.seed, "SKIP", t.skip)
+            cell["skip_kind"] = t.skip_kind
+            return cell
+        if self.w is None or not self.w.proc.is_alive():
+            self.w = self._start()
+        w = self.w
+        w.send(t)
+        if not w.conn.poll(self.timeout):
+            w.kill()
+            self.w = None
+            return error_cell(t.operator, t.backend, t.case, t.dtype, t.device, t.seed, "TIMEOUT",
+                              f"no result after {self.timeout:.0f} s; worker killed")
+        try:
+            cell = w.conn.recv()
+        except (EOFError, OSError):
+            code = w.proc.exitcode
+            w.kill()
+            self.w = None
+            return error_cell(t.operator, t.backend, t.case, t.dtype, t.device, t.seed, "CRASH",
+                              f"worker process died (exit code {code}) while running this cell")
+        if cell.get("status") == "CRASH":
+            w.kill()
+            self.w = None
+        return cell
+
+    def close(self) -> None:
+        if self.w is not None:
+            try:
+                self.w.conn.send(None)
+                self.w.proc.join(10)
+            except (OSError, BrokenPipeError):
+                pass
+            self.w.kill()
+            self.w = None

@@ -1,0 +1,150 @@
+"""pytest wiring: options, hypothesis profiles, and conformance cells as test items.
+
+Thin by design: cells are planned by runner.plan and executed by runner.CellExecutor (a worker
+process, so a crashing kernel fails its item, not the session). A test module opts in with::
+
+    from harness.pytest_plugin import test_conformance  # noqa: F401
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from . import registry, runner
+from .spec import as_list
+
+_STATE: dict[str, Any] = {}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("harness", "gradient-kernel conformance")
+    g.addoption("--backend", default=None, help="comma-separated backends to judge (default: all that run here)")
+    g.addoption("--kernel", default="all", help="operator id or family alias, comma-separated (default: all)")
+    g.addoption("--sizes", default="smoke", help="case preset: smoke, sweep or full (default: smoke)")
+    g.addoption("--harness-device", default=None, help="cpu or cuda (default: cuda if present)")
+    g.addoption("--harness-dtype", default=None, help="comma-separated dtypes (default: the device's list)")
+    g.addoption("--harness-report", default=None, help="also write cells to this report directory")
+    g.addoption("--harness-plugin", action="append", default=[], help="adapter file or module (repeatable)")
+    g.addoption("--harness-timeout", type=float, default=300.0, help="seconds per cell")
+
+
+def _register_hypothesis_profiles() -> None:
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:  # pragma: no cover
+        return
+    # CI: derandomized (replayable), bounded; on demand: --hypothesis-profile=random
+    settings.register_profile("ci", derandomize=True, max_examples=20, deadline=None, print_blob=True,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("random", derandomize=False, max_examples=100, deadline=None, print_blob=True,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile(os.environ.get("HARNESS_HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _register_hypothesis_profiles()
+    config.addinivalue_line("markers", "conformance: a harness cell (operator x backend x dtype x case)")
+
+
+def _device(config: pytest.Config) -> str:
+    d = config.getoption("--harness-device")
+    if d:
+        return d
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _gpu_for_xdist_worker() -> int | None:
+    """pytest -n <gpus>: worker gwK runs its cells on GPU K (mod the visible count)."""
+    wid = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not wid.startswith("gw"):
+        return None
+    import torch
+    n = torch.cuda.device_count()
+    return int(wid[2:]) % n if n else None
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "harness_cell" not in metafunc.fixturenames:
+        return
+    cfg = metafunc.config
+    for p in cfg.getoption("--harness-plugin"):
+        registry.load_plugin(p)
+    backends = as_list(cfg.getoption("--backend")) or None
+    plan = runner.plan(as_list(cfg.getoption("--kernel")), cfg.getoption("--sizes"), backends,
+                       as_list(cfg.getoption("--harness-dtype")) or None, _device(cfg))
+    params, ids = [], []
+    for t in plan.tasks:
+        b = registry.get_backend(t.operator, t.backend)
+        marks = [pytest.mark.conformance]
+        if t.dtype in b.expected_gaps:
+            marks.append(pytest.mark.xfail(reason=f"declared: {b.expected_gaps[t.dtype]}", strict=False))
+        params.append(pytest.param(t, marks=marks))
+        ids.append(f"{t.operator}-{t.backend}-{t.dtype}-{t.case.name}")
+    metafunc.parametrize("harness_cell", params, ids=ids)
+
+
+@pytest.fixture(scope="session")
+def harness_executor(request: pytest.FixtureRequest):
+    cfg = request.config
+    ex = runner.CellExecutor(_device(cfg), registry.plugins_loaded(), cfg.getoption("--harness-timeout"),
+                             gpu=_gpu_for_xdist_worker())
+    yield ex
+    ex.close()
+    w = _STATE.get("writer")
+    if w is not None:
+        w.render()
+
+
+def _writer(cfg: pytest.Config, device: str):
+    root = cfg.getoption("--harness-report")
+    if not root:
+        return None
+    if "writer" not in _STATE:
+        import uuid
+
+        from .provenance import device_class, run_provenance
+        from .report import ReportWriter
+        header = {**run_provenance(device), "run_id": uuid.uuid4().hex[:10], "command": "pytest (harness plugin)"}
+        _STATE["writer"] = ReportWriter(root, device_class(device), header)
+    return _STATE["writer"]
+
+
+def format_failure(cell: dict) -> str:
+    lines = [f"{cell['operator']} / {cell['backend']} / {cell['dtype']} / {cell['case']['name']}: {cell['status']}",
+             f"case params: {cell['case']['params']}"]
+    if cell.get("error"):
+        lines.append(cell["error"])
+        if cell.get("traceback"):
+            lines.append(cell["traceback"])
+    if cell.get("components"):
+        lines.append(f"{'component':<14} {'verdict':<7} {'max err':>10} {'floor max':>10} {'ratio max':>9} "
+                     f"{'ratio rms':>9} {'cos':>7}  where / why")
+        for r in cell["components"]:
+            where = ""
+            if r["verdict"] != "PASS":
+                where = (r.get("localization", {}).get("text") or "") + (f" [{r['reason']}]" if r["reason"] else "")
+                if r.get("hint"):
+                    where += f" hint: {r['hint']}"
+            lines.append(f"{r['name']:<14} {r['verdict']:<7} {r['max_err']:>10.3g} {r['ref_max']:>10.3g} "
+                         f"{float(r['ratio_max']):>9.3g} {float(r['ratio_rms']):>9.3g} {float(r['cosine']):>7.4f}  {where}")
+    for k in cell.get("contracts", []):
+        if not k["ok"]:
+            lines.append(f"contract {k['name']} violated: {k['detail']}")
+    return "\n".join(lines)
+
+
+def test_conformance(harness_cell: runner.Task, harness_executor: runner.CellExecutor, request: pytest.FixtureRequest) -> None:
+    """One conformance cell; fails with the component table and localization."""
+    t = harness_cell
+    if t.skip:
+        pytest.skip(f"{t.backend}: {t.skip}")
+    cell = harness_executor.run(t)
+    w = _writer(request.config, t.device)
+    if w is not None:
+        w.append(cell)
+    if cell["status"] != "PASS":
+        pytest.fail(format_failure(cell), pytrace=False)

@@ -1,0 +1,106 @@
+"""The `harness` command end to end on the CPU: exit codes, reports, plugins, isolation, contracts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def harness(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def cells(report: Path, op: str) -> list[dict]:
+    return json.loads((report / "cpu" / f"{op}.json").read_text())["cells"]
+
+
+def verdicts(cell: dict) -> dict[str, str]:
+    return {r["name"]: r["verdict"] for r in cell["components"]}
+
+
+def test_list_names_operators_and_why_backends_skip():
+    r = harness("list", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    for op in ("mhc_pre", "lazy_attention", "softmax_xent", "fused_linear_xent"):
+        assert op in r.stdout
+    assert "golden" in r.stdout
+
+
+def test_unknown_names_are_usage_errors_listing_valid_ones():
+    r = harness("run", "--kernel", "nope", "--device", "cpu")
+    assert r.returncode == 2 and "mhc_pre" in r.stderr and "families" in r.stderr
+    r = harness("run", "--kernel", "mhc", "--backend", "nope", "--device", "cpu")
+    assert r.returncode == 2 and "golden" in r.stderr
+    r = harness("run", "--kernel", "mhc", "--dtype", "fp8", "--device", "cpu")
+    assert r.returncode == 2 and "bfloat16" in r.stderr
+
+
+def test_wrong_adapter_fails_exactly_its_components(tmp_path: Path):
+    r = harness("run", "--kernel", "mhc", "--sizes", "smoke", "--backend", "wrong-grads,wrong-shape",
+                "--plugin", "tests/plugins/mhc_wrong.py", "--device", "cpu", "--dtype", "float32",
+                "--report", str(tmp_path), "--no-progress")
+    assert r.returncode == 1, r.stdout + r.stderr
+    all_cells = cells(tmp_path, "mhc_pre")
+    wrong = [c for c in all_cells if c["backend"] == "wrong-grads"]
+    assert wrong
+    for c in wrong:
+        v = verdicts(c)
+        failing = {k for k, s in v.items() if s != "PASS"}
+        rows = {r["name"]: r for r in c["components"]}
+        if "dgamma" in rows:
+            assert failing == {"dgamma", "dbias.pre"}, (c["case"]["name"], v)
+            assert "all zeros" in rows["dgamma"]["reason"]
+        else:  # gamma absent in this case
+            assert failing == {"dbias.pre"}, (c["case"]["name"], v)
+        assert "sign flipped" in rows["dbias.pre"]["hint"]
+        assert rows["dbias.pre"]["localization"]["axes"][0]["axis"] == "row"
+    shape = [c for c in all_cells if c["backend"] == "wrong-shape"]
+    for c in shape:
+        v = verdicts(c)
+        if "dgamma" not in v:
+            continue
+        assert v["dgamma"] == "SHAPE" and c["status"] == "SHAPE"
+        assert all(s == "PASS" for k, s in v.items() if k != "dgamma")
+    md = (tmp_path / "cpu" / "mhc_pre.md").read_text()
+    assert "dgamma" in md and "SHAPE" in md and "expected [" in md
+
+
+def test_misbehaving_backends_become_cells_and_the_sweep_completes(tmp_path: Path):
+    names = "golden,raises,nans,writes-input,sleeps,dies,unwritten,overruns,nondeterministic"
+    r = harness("run", "--kernel", "mhc", "--sizes", "smoke", "--case", "tiny", "--backend", names,
+                "--plugin", "tests/plugins/misbehaving.py", "--device", "cpu", "--dtype", "float32",
+                "--timeout", "20", "--report", str(tmp_path), "--no-progress")
+    assert r.returncode == 1, r.stdout + r.stderr
+    by = {c["backend"]: c for c in cells(tmp_path, "mhc_pre")}
+    assert set(by) == set(names.split(","))
+    assert by["golden"]["status"] == "PASS"
+    assert by["raises"]["status"] == "ERROR" and "invalid configuration" in by["raises"]["error"]
+    assert by["sleeps"]["status"] == "TIMEOUT"
+    assert by["dies"]["status"] == "CRASH"
+    assert by["nans"]["status"] == "FAIL" and verdicts(by["nans"])["dphi.pre"] == "FAIL"
+
+    def contract(b: str, name: str) -> dict:
+        return next(k for k in by[b]["contracts"] if k["name"] == name)
+
+    assert not contract("writes-input", "input-unchanged")["ok"] and "x" in contract("writes-input", "input-unchanged")["detail"]
+    unwritten = {r["name"]: r for r in by["unwritten"]["components"]}
+    assert "non-finite" in unwritten["dphi.res"]["reason"]
+    assert not contract("overruns", "guard-bands")["ok"]
+    assert not contract("nondeterministic", "determinism")["ok"]
+    assert contract("golden", "determinism")["ok"] and contract("golden", "guard-bands")["ok"]
+
+
+@pytest.mark.slow
+def test_smoke_all_operators_writes_reports(tmp_path: Path):
+    r = harness("run", "--kernel", "all", "--sizes", "smoke", "--device", "cpu", "--report", str(tmp_path),
+                "--no-progress", timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for op in ("mhc_pre", "lazy_attention", "softmax_xent", "fused_linear_xent"):
+        assert (tmp_path / "cpu" / f"{op}.md").exists() and (tmp_path / "cpu" / f"{op}.json").exists()

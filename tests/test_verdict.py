@@ -1,0 +1,130 @@
+"""The verdict rule: what must fail and what must pass (harness-design.md, issue acceptance)."""
+
+from __future__ import annotations
+
+import torch
+
+from harness import localize
+from harness.cell import oracle_and_floor
+from harness.registry import get_operator
+from harness.spec import Case
+from harness.verdict import check_shape, judge
+
+OP = get_operator("mhc_pre")
+CASE = Case("verdict-n4", {"B": 1, "S": 64, "n": 4, "D": 80}, ())
+
+
+def _ref(dtype: torch.dtype = torch.float32) -> dict:
+    return oracle_and_floor(OP, CASE, dtype, 0, "cpu", False)
+
+
+def _judge(name: str, k: torch.Tensor, ref: dict, dtype: torch.dtype):
+    comp = OP.component(name)
+    kind = "o_grad" if comp.kind == "grad" else "o_out"
+    errs = "r_grad" if comp.kind == "grad" else "r_out"
+    o = ref[kind][comp.tensor_name]
+    sel = lambda t: comp.select(t, CASE.params)  # noqa: E731
+    return judge(name, sel(k), sel(o), [sel(x) for x in ref[errs][comp.tensor_name]], dtype)
+
+
+def _floor_value(ref: dict, name: str) -> torch.Tensor:
+    comp = OP.component(name)
+    from harness.cell import reference_run
+    _, grads, _ = reference_run(OP, ref["inputs"], ref["grad_outputs"], torch.float32)
+    return grads[comp.tensor_name]
+
+
+def test_all_zeros_fails():
+    ref = _ref()
+    res, _ = _judge("dgamma", torch.zeros_like(ref["o_grad"]["gamma"]), ref, torch.float32)
+    assert res.verdict == "FAIL" and "all zeros" in res.reason
+
+
+def test_fp32_times_1_01_fails():
+    ref = _ref()
+    k = (_floor_value(ref, "dphi.pre").double() * 1.01).float()
+    res, _ = _judge("dphi.pre", k, ref, torch.float32)
+    assert res.verdict == "FAIL"
+    assert res.cosine > 0.9999  # right direction, wrong magnitude
+
+
+def test_last_block_zeroed_fails_and_is_localized():
+    ref = _ref()
+    k = _floor_value(ref, "dx").clone().float()
+    flat = k.view(64, 4 * 80)
+    flat[:, 256:] = 0  # the last block of 256 along nD (320 = 256 + 64)
+    res, e = _judge("dx", k, ref, torch.float32)
+    assert res.verdict == "FAIL"
+    comp = OP.component("dx")
+    o = comp.select(ref["o_grad"]["x"], CASE.params)
+    loc = localize.localize(e, comp.select(k, CASE.params), o, comp.axes, res.tol_max, res.tol_rms,
+                            {"BLOCK_ND": 256}, CASE.params)
+    nd = next(a for a in loc["axes"] if a["axis"] == "nD")
+    assert nd["bad"] == [1] and nd["zero"] == [1]
+    assert localize.matches("last", nd["bad"], nd["slices"])
+
+
+def test_nan_where_oracle_is_finite_fails():
+    ref = _ref()
+    k = _floor_value(ref, "dbias.res").clone().float()
+    k[10] = float("nan")  # inside the res rows (2n = 8 onwards)
+    res, _ = _judge("dbias.res", k, ref, torch.float32)
+    assert res.verdict == "FAIL" and "non-finite" in res.reason
+
+
+def test_wrong_shape_is_shape():
+    res = check_shape("dgamma", torch.zeros(4, 80), (320,), torch.float32)
+    assert res is not None and res.verdict == "SHAPE" and "[320]" in res.reason and "[4, 80]" in res.reason
+    res = check_shape("dx", torch.zeros(320, dtype=torch.float16), (320,), torch.float32)
+    assert res is not None and res.verdict == "SHAPE"
+
+
+def test_floor_reference_bf16_result_passes():
+    ref = _ref(torch.bfloat16)
+    k = _floor_value(ref, "dx").to(torch.bfloat16)
+    res, _ = _judge("dx", k, ref, torch.bfloat16)
+    assert res.verdict == "PASS", res
+
+
+def test_other_summation_order_passes():
+    ref = _ref()
+    # dbias.res = sum over tokens of g_res: summed sequentially, last token first, in float32
+    g_res = ref["grad_outputs"]["h_res"].reshape(-1, 16).float()
+    acc = torch.zeros(16)
+    for t in reversed(range(g_res.shape[0])):
+        acc = acc + g_res[t]
+    k = torch.cat([_floor_value(ref, "dbias.pre")[:8], acc])
+    res, _ = _judge("dbias.res", k, ref, torch.float32)
+    assert res.verdict == "PASS", res
+    # and the golden backend's own order (eager float32 formulas, not autograd) passes everywhere
+    from backends.golden.mhc_pre import backward, forward
+    outs, saved = forward(**ref["inputs"].tensors, **ref["inputs"].options)
+    grads = backward(saved, ref["grad_outputs"])
+    for comp in OP.components:
+        k = (outs if comp.kind == "out" else grads)[comp.tensor_name]
+        res, _ = _judge(comp.name, k, ref, torch.float32)
+        assert res.verdict == "PASS", res
+
+
+def test_matching_nan_agrees():
+    o = torch.tensor([float("nan"), 1.0, 2.0], dtype=torch.float64)
+    k = torch.tensor([float("nan"), 1.0, 2.0])
+    res, _ = judge("loss", k, o, [torch.zeros(3, dtype=torch.float64)], torch.float32)
+    assert res.verdict == "PASS"
+    k2 = torch.tensor([0.0, 1.0, 2.0])
+    res2, _ = judge("loss", k2, o, [torch.zeros(3, dtype=torch.float64)], torch.float32)
+    assert res2.verdict == "FAIL" and "non-finite" in res2.reason
+
+
+def test_diffuse_drift_fails_on_rms():
+    o = torch.randn(4096, dtype=torch.float64)
+    floor = [torch.full_like(o, 1e-7)]
+    k = (o + 1e-6 * torch.randn_like(o)).float()  # a diffuse error, 10x the floor everywhere
+    res, _ = judge("x", k, o, floor, torch.float32)
+    assert res.verdict == "FAIL" and res.ratio_rms > 1
+
+
+def test_ranges_text():
+    assert localize.ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+    assert localize.matches("all-but-first", [1, 2, 3], 4)
+    assert not localize.matches("all-but-first", [0, 1, 2, 3], 4)
