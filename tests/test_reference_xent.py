@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from harness import Inputs
 from references.fused_linear_xent import fused_linear_xent
 from references.softmax_xent import softmax_xent
 
@@ -153,3 +154,87 @@ def test_microbatch_gradients_sum_to_full_batch() -> None:
             a += g
     for a, g in zip(acc, full, strict=True):
         torch.testing.assert_close(a, g, rtol=1e-12, atol=1e-12)
+
+
+# ---- the case files' invariants and microbatch split (cases/softmax_xent.py, cases/fused_linear_xent.py)
+
+def _cell(op_name: str, case_name: str, dtype: torch.dtype):
+    """Inputs of a CPU sweep case, an upstream gradient, and the float32 floor gradients in ``dtype``."""
+    from harness.inputs import generator
+    from harness.registry import get_operator
+    op = get_operator(op_name)
+    case = next(c for c in op.cases("sweep", "cpu") if c.name == case_name)
+    inp = op.make_inputs(case, dtype, generator(op_name, case.name, 0), "cpu")
+    leaves = {n: inp.tensors[n].detach().float().requires_grad_(True)
+              for n in op.differentiable if inp.tensors[n] is not None}
+    args = {**inp.tensors, **leaves}
+    out = op.reference(**args, **inp.options)["loss"]
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    grads = torch.autograd.grad(out, list(leaves.values()), g)
+    floor = {n: v.to(dtype) for n, v in zip(leaves, grads, strict=True)}
+    return op, case, inp, {"loss": g}, floor
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case_name", ["N16-V1025-ls-zloss-none", "N16-V1025-extreme",
+                                       "N16-V1025-confident-ls", "N128-V1025"])
+def test_softmax_xent_invariants_hold_for_the_floor_and_catch_defects(case_name: str,
+                                                                      dtype: torch.dtype) -> None:
+    from cases.softmax_xent import token_weights
+    op, case, inp, g, floor = _cell("softmax_xent", case_name, dtype)
+    assert op.invariants({}, floor, inp, case, grad_outputs=g) == []
+    valid = inp.tensors["targets"] != inp.options["ignore_index"]
+    if (~valid).any():
+        garbage = floor["logits"].clone()
+        garbage[~valid] = 1e-3
+        fails = op.invariants({}, {"logits": garbage}, inp, case, grad_outputs=g)
+        assert any("ignored rows" in f for f in fails)
+    # a constant added to each element of a row (a smoothing term of eps = 0.05 dropped) breaks its sum
+    c = token_weights(inp.tensors["targets"], inp.options, g["loss"].expand(valid.shape))
+    shifted = floor["logits"].double() + 0.05 * c[:, None] / floor["logits"].shape[1]
+    fails = op.invariants({}, {"logits": shifted.to(dtype)}, inp, case, grad_outputs=g)
+    assert any("do not sum" in f for f in fails)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_linear_xent_invariants(dtype: torch.dtype) -> None:
+    op, case, inp, g, floor = _cell("fused_linear_xent", "N32-H24-V129-zloss", dtype)
+    assert op.invariants({}, floor, inp, case, grad_outputs=g) == []
+    valid = inp.tensors["targets"] != inp.options["ignore_index"]
+    garbage = dict(floor, hidden=floor["hidden"].clone())
+    garbage["hidden"][~valid] = 1e-3
+    assert any("ignored token rows" in f for f in op.invariants({}, garbage, inp, case, grad_outputs=g))
+    # the z-loss gradient dropped: dbias sums to 0 instead of sum_i c_i 2 lam LSE_i
+    no_z = dict(floor, bias=(floor["bias"].double() - floor["bias"].double().mean()).to(dtype))
+    assert any("dbias" in f for f in op.invariants({}, no_z, inp, case, grad_outputs=g))
+
+
+@pytest.mark.parametrize("op_name,case_name", [("softmax_xent", "N16-V1025-microbatch2"),
+                                               ("fused_linear_xent", "N32-H24-V129-mb2"),
+                                               ("fused_linear_xent", "N32-H24-V129-mb3-zloss-lse")])
+def test_microbatch_split_is_unequal_and_sums_to_the_full_batch(op_name: str, case_name: str) -> None:
+    from harness.inputs import generator
+    from harness.registry import get_operator
+    op = get_operator(op_name)
+    case = next(c for c in op.cases("sweep", "cpu") if c.name == case_name)
+    inp = op.make_inputs(case, torch.float32, generator(op_name, case.name, 0), "cpu")
+    mb = op.microbatch
+    parts = mb.split(inp, case.microbatches, torch.Generator())
+    counts = [int((p.tensors["targets"] != p.options["ignore_index"]).sum()) for p in parts]
+    assert len(set(counts)) == len(counts) and all(c > 0 for c in counts)
+    names = [n for n in op.differentiable if inp.tensors[n] is not None]
+
+    def grads(i: Inputs) -> list[torch.Tensor]:
+        t = {n: (v.double().requires_grad_(n in names) if v is not None and v.is_floating_point() else v)
+             for n, v in i.tensors.items()}
+        return list(torch.autograd.grad(op.reference(**t, **i.options)["loss"], [t[n] for n in names]))
+
+    def combined(per_part: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+        return [torch.cat(gs) if mb.combine[n] == "cat0" else sum(gs)
+                for n, gs in zip(names, zip(*per_part, strict=True), strict=True)]
+
+    full = grads(inp)
+    for a, b in zip(combined([grads(p) for p in parts]), full, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    naive = combined([grads(Inputs(p.tensors, mb.naive_options(p.options))) for p in parts])
+    assert (naive[0] - full[0]).abs().max() > 0.1 * full[0].abs().max()
