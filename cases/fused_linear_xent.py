@@ -17,6 +17,7 @@ from cases.softmax_xent import (
     loss_options,
     make_targets,
     naive_options,
+    row_stats,
     row_sum_budget,
     split_tokens,
     token_weights,
@@ -79,14 +80,16 @@ def invariants(outputs: dict, grads: dict, inputs: Inputs, case: Case,
         return fails + ["dbias: non-finite values"]
     hd = inputs.tensors["hidden"].to(db.device, torch.float64)
     wd = inputs.tensors["weight"].to(db.device, torch.float64)
-    z = hd @ wd.T + inputs.tensors["bias"].to(db.device, torch.float64)
-    lse = torch.logsumexp(z, dim=1)
+    N, H, V = hd.shape[0], hd.shape[1], wd.shape[0]
+    step = max(1, 2 ** 26 // V)
+    stats = [row_stats(hd[i:i + step] @ wd.T + inputs.tensors["bias"].to(db.device, torch.float64))
+             for i in range(0, N, step)]
+    lse, zmax = torch.cat([s[0] for s in stats]), torch.cat([s[1] for s in stats])
     lam = float(opts["z_loss"])
-    N, H, V = z.shape[0], hd.shape[1], z.shape[1]
     c = token_weights(t.to(db.device), opts, grad_outputs["loss"].to(db.device).expand(t.shape))
     # logits recomputed in another order differ by up to H roundings of |h_i| |w_j|
     h_term = H * hd.norm(dim=1) * wd.norm(dim=1).max()
-    rows = row_sum_budget(c, lse, z.abs().amax(dim=1), V, h_term, lam, torch.float32, False)
+    rows = row_sum_budget(c, lse, zmax, V, h_term, lam, torch.float32, False)
     e32 = torch.finfo(torch.float32).eps
     fo = torch.finfo(db.dtype)
     A = 1.0 + 2.0 * lam * lse.abs()

@@ -118,6 +118,20 @@ def row_sum_budget(c: torch.Tensor, lse: torch.Tensor, zmax: torch.Tensor, V: in
     return 2.0 * c.abs() * ((A + 1.0) * (u_out + 2 * e32) + soft) + V * half_sub
 
 
+def row_stats(z: torch.Tensor, dz: torch.Tensor | None = None,
+              chunk_elems: int = 2 ** 26) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """LSE_i, max_j |z_ij| and sum_j dZ_ij in float64, in row chunks (N*V reaches 2^31 on the GPU)."""
+    step = max(1, chunk_elems // max(1, z.shape[1]))
+    lse, zmax, sums = [], [], []
+    for i in range(0, z.shape[0], step):
+        zc = z[i:i + step].to(torch.float64)
+        lse.append(torch.logsumexp(zc, dim=1))
+        zmax.append(zc.abs().amax(dim=1))
+        if dz is not None:
+            sums.append(dz[i:i + step].to(torch.float64).sum(dim=1))
+    return torch.cat(lse), torch.cat(zmax), (torch.cat(sums) if dz is not None else None)
+
+
 def invariants(outputs: dict, grads: dict, inputs: Inputs, case: Case,
                grad_outputs: dict | None = None) -> list[str]:
     """Ignored rows of dlogits exactly zero; each valid row sums to c_i * 2*lam*LSE_i (specs/xent.md).
@@ -141,13 +155,12 @@ def invariants(outputs: dict, grads: dict, inputs: Inputs, case: Case,
         fails.append(f"dlogits: {int(bad.sum())} ignored rows are not exactly zero (rows {rows}...)")
     if grad_outputs is None or "loss" not in grad_outputs or fails:
         return fails
-    z = inputs.tensors["logits"].to(dz.device, torch.float64)
-    lse = torch.logsumexp(z, dim=1)
+    z = inputs.tensors["logits"].to(dz.device)
+    lse, zmax, got = row_stats(z, dz)
     lam = float(opts["z_loss"])
     c = token_weights(t, opts, grad_outputs["loss"].to(dz.device).expand(t.shape))
-    got = dz.to(torch.float64).sum(dim=1)
     want = c * 2.0 * lam * lse
-    tol = row_sum_budget(c, lse, z.abs().amax(dim=1), z.shape[1], 0.0, lam, dz.dtype, True)
+    tol = row_sum_budget(c, lse, zmax, z.shape[1], 0.0, lam, dz.dtype, True)
     off = ((got - want).abs() > tol) & valid
     if off.any():
         i = int(((got - want).abs() / tol.clamp_min(1e-300)).argmax())
