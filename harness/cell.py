@@ -149,7 +149,8 @@ def oracle_and_floor(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int
                 err_grad.setdefault(k, []).append(_err(v.to(inputs.tensors[k].dtype), pgr.get(k)))
     extra: dict[str, Any] = {}
     if op.extra_bound is not None:
-        extra = op.extra_bound(t64, _upcast(g, torch.float64), case) or {}
+        kw = {"matmul_precision": "tf32"} if tf32 and "matmul_precision" in inspect.signature(op.extra_bound).parameters else {}
+        extra = op.extra_bound(t64, _upcast(g, torch.float64), case, **kw) or {}
     entry = {"inputs": inputs, "contract": contract, "grad_outputs": g, "o_out": o_out, "o_grad": o_grad,
              "r_out": err_out, "r_grad": err_grad, "extra": extra}
     _ORACLE_CACHE[key] = entry
@@ -345,8 +346,8 @@ def run_cell(op: OperatorSpec, backend: Backend, case: Case, dtype_name: str, de
     contracts.append({"name": "guard-bands", "ok": not got["guards"], "detail": "; ".join(got["guards"][:3]),
                       "allocations": got["allocations"]})
     if op.invariants is not None and case.microbatches <= 1:
-        inp, _ = fresh()
-        fails = op.invariants(got["outs"], got["grads"], inp, case)
+        inp, g = fresh()
+        fails = op.invariants(got["outs"], got["grads"], inp, case, grad_outputs=g)
         contracts.append({"name": "invariants", "ok": not fails, "detail": "; ".join(fails[:3])})
     if repeats > 1:
         again = once()

@@ -84,14 +84,56 @@ def cmd_run(a: argparse.Namespace) -> int:
         print("cells per worker: " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
     print(f"{len(results)} cells in {time.time() - t0:.1f} s; reports: "
           + ", ".join(str(p) for p in paths if p.suffix == ".md"))
+    _save_repros(results, a, device)
     return runner.exit_code(results, plan.explicit)
+
+
+def _save_repros(results: list[dict], a: argparse.Namespace, device: str) -> None:
+    """A bundle per failing cell; failing hypothesis-drawn cells are first shrunk to a minimal case."""
+    from .repro import save_bundle
+
+    bad = [c for c in results if c["status"] in ("FAIL", "SHAPE", "ERROR", "CRASH", "TIMEOUT")]
+    shrunk: set[tuple] = set()
+    for c in bad[:20]:
+        key = (c["operator"], c["backend"], c["dtype"])
+        if "hypothesis" in c["case"].get("tags", []) and key not in shrunk:
+            shrunk.add(key)
+            c = _shrink(c, device) or c
+        path = save_bundle(c, a.report, registry.plugins_loaded())
+        print(f"repro: harness repro {path}")
+
+
+def _shrink(cell: dict, device: str) -> dict | None:
+    from .runner import CellExecutor, plan
+    from .strategies import shrink_failure
+
+    ex = CellExecutor(device, registry.plugins_loaded(), timeout=120)
+    last: dict = {}
+
+    def fails(case) -> bool:
+        t = plan([cell["operator"]], "smoke", [cell["backend"]], [cell["dtype"]], device,
+                 cases={cell["operator"]: [case]}).tasks[0]
+        got = ex.run(t)
+        if got["status"] not in ("PASS", "SKIP"):
+            last["cell"] = got
+            return True
+        return False
+
+    try:
+        case = shrink_failure(cell["operator"], device.split(":")[0], fails)
+    finally:
+        ex.close()
+    if case is not None and "cell" in last:
+        print(f"shrunk {cell['case']['name']} to {case.name}")
+        return last["cell"]
+    return None
 
 
 def _hypothesis_tasks(plan, a: argparse.Namespace, device: str) -> list:
     from .strategies import sample_cases
 
     extra = []
-    for op_name in sorted({t.operator for t in plan.tasks}):
+    for op_name in registry.resolve_kernels(as_list(a.kernel)):
         cases = sample_cases(op_name, device.split(":")[0], a.hypothesis, a.seed)
         sub = __import__("harness.runner", fromlist=["plan"]).plan(
             [op_name], a.sizes, as_list(a.backend) or None, as_list(a.dtype) or None, device, a.seed,

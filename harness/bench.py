@@ -1,0 +1,229 @@
+"""`harness bench`: forward/backward times, peak extra memory and roofline fractions per backend.
+
+Times are medians of triton.testing.do_bench (CUDA events) when available, else of wall-clock
+repetitions. The device's copy bandwidth and GEMM throughput are measured in the same run, so
+fractions and ratios never mix devices.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import registry
+from .cell import _as_dict, gen_grad_outputs, gen_inputs, output_contract
+from .provenance import backend_provenance, device_class, run_provenance
+from .report import atomic_write
+from .spec import Case, OperatorSpec, dtype_name, dtype_of, short_dtype
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timeit(fn: Callable[[], Any], reps: int = 0) -> float:
+    """Median milliseconds."""
+    if torch.cuda.is_available():
+        try:
+            from triton.testing import do_bench
+            kw = {"return_mode": "median"}
+            if reps:
+                kw["rep"] = reps
+            return float(do_bench(fn, **kw))
+        except ImportError:
+            pass
+    fn()
+    _sync()
+    ts = []
+    for _ in range(reps or 5):
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return sorted(ts)[len(ts) // 2]
+
+
+def copy_bandwidth(device: str) -> float:
+    """Measured device-to-device copy bandwidth in GB/s (bytes read + bytes written)."""
+    n = (1 << 30) if device.startswith("cuda") else (1 << 26)
+    a = torch.empty(n, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    ms = timeit(lambda: b.copy_(a))
+    return 2 * n / ms / 1e6
+
+
+def gemm_tflops(device: str, dtype: torch.dtype = torch.bfloat16) -> float:
+    n = 8192 if device.startswith("cuda") else 512
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    ms = timeit(lambda: a @ b)
+    return 2 * n ** 3 / ms / 1e9
+
+
+def _leaves(op: OperatorSpec, tensors: dict) -> dict[str, torch.Tensor]:
+    out = {}
+    for n in op.differentiable:
+        t = tensors.get(n)
+        if isinstance(t, torch.Tensor):
+            t.requires_grad_(True)
+            out[n] = t
+    return out
+
+
+def measure(op: OperatorSpec, b: registry.Backend, case: Case, dtype: torch.dtype, device: str,
+            reps: int = 0) -> dict[str, Any]:
+    inputs = gen_inputs(op, case, dtype, 0, device)
+    contract = output_contract(op, inputs.tensors)
+    fwd_fn, bwd_fn = b.resolve()
+    opts = {**inputs.options, **b.options}
+    leaves = _leaves(op, inputs.tensors)
+
+    def forward():
+        r = fwd_fn(**inputs.tensors, **opts)
+        return r if bwd_fn is not None else (_as_dict(op, r), None)
+
+    outs, saved = forward()
+    outs = _as_dict(op, outs)
+    shapes = {k: tuple(v.shape) for k, v in outs.items() if isinstance(v, torch.Tensor)}
+    grads = gen_grad_outputs(op, case, 0, inputs.tensors, shapes, contract, device)
+    pairs = [(outs[n], grads[n]) for n in op.graded_outputs if n in outs and n in grads and outs[n].requires_grad]
+
+    def backward_only():
+        if bwd_fn is not None:
+            return bwd_fn(saved, grads)
+        return torch.autograd.grad([o for o, _ in pairs], list(leaves.values()), [g for _, g in pairs],
+                                   retain_graph=True, allow_unused=True)
+
+    def fwd_bwd():
+        o, s = forward()
+        o = _as_dict(op, o)
+        if bwd_fn is not None:
+            return bwd_fn(s, grads)
+        ps = [(o[n], grads[n]) for n in op.graded_outputs if n in o and n in grads and o[n].requires_grad]
+        return torch.autograd.grad([x for x, _ in ps], list(leaves.values()), [g for _, g in ps], allow_unused=True)
+
+    with torch.no_grad():
+        fwd_ms_nograd = timeit(lambda: fwd_fn(**inputs.tensors, **opts), reps) if bwd_fn is None else None
+    row: dict[str, Any] = {"backend": b.name, "role": b.role, "case": case.name, "params": case.params,
+                           "dtype": dtype_name(dtype)}
+    row["fwd_ms"] = timeit(forward, reps)
+    row["fwd_nograd_ms"] = fwd_ms_nograd
+    has_grad = bool(pairs) or bwd_fn is not None
+    if has_grad:
+        row["bwd_ms"] = timeit(backward_only, reps)
+        row["fwd_bwd_ms"] = timeit(fwd_bwd, reps)
+    del outs, saved, pairs
+    if device.startswith("cuda"):
+        _sync()
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        r = fwd_bwd() if has_grad else forward()
+        _sync()
+        row["peak_extra_gb"] = (torch.cuda.max_memory_allocated() - before) / 1e9
+        del r
+    return row
+
+
+def run_bench(kernels: list[str], backends: list[str] | None, device: str, report_dir: str,
+              dtypes: list[str] | None, reps: int = 0) -> int:
+    ops = registry.resolve_kernels(kernels)
+    prov = run_provenance(device)
+    bw = copy_bandwidth(device)
+    tf = gemm_tflops(device)
+    print(f"{prov['device']}: copy bandwidth {bw:.0f} GB/s, bf16 GEMM {tf:.0f} TFLOP/s (measured now)")
+    status = 0
+    for op_name in ops:
+        op = registry.get_operator(op_name)
+        cases = op.bench_cases(device.split(":")[0]) if op.bench_cases else op.cases("smoke", "cpu")[:1]
+        chosen = [b for b in registry.backends(op_name) if not backends or b.name in backends]
+        dts = [dtype_of(d) for d in dtypes] if dtypes else [torch.bfloat16 if device.startswith("cuda") else torch.float32]
+        rows = []
+        for case in cases:
+            for dt in dts:
+                for b in sorted(chosen, key=lambda b: (b.name != op.baseline, b.name)):
+                    why = b.unavailable(device)
+                    if why or dtype_name(dt) not in b.dtypes:
+                        rows.append({"backend": b.name, "case": case.name, "dtype": dtype_name(dt),
+                                     "skip": why or "dtype not supported"})
+                        continue
+                    try:
+                        row = measure(op, b, case, dt, device, reps)
+                    except Exception as e:  # a failing backend is a row, not the end of the benchmark
+                        row = {"backend": b.name, "case": case.name, "dtype": dtype_name(dt),
+                               "error": f"{type(e).__name__}: {str(e)[:300]}"}
+                        status = 1
+                    cost = op.cost_model(case.params, dt) if op.cost_model else {}
+                    _derive(row, cost, bw, tf)
+                    rows.append(row)
+                    if device.startswith("cuda"):
+                        torch.cuda.empty_cache()
+                _ratios(rows, op.baseline, case.name, dtype_name(dt))
+        _write(op, rows, prov, bw, tf, device, report_dir, chosen)
+    return status
+
+
+def _derive(row: dict, cost: dict, bw: float, tf: float) -> None:
+    if "fwd_ms" not in row:
+        return
+    for phase, key in (("fwd", "fwd_ms"), ("bwd", "bwd_ms")):
+        ms = row.get(key)
+        nbytes = cost.get(f"{phase}_bytes")
+        if ms and nbytes:
+            row[f"{phase}_gbps"] = nbytes / ms / 1e6
+            row[f"{phase}_bw_frac"] = row[f"{phase}_gbps"] / bw
+    flops = cost.get("flops") or (cost.get("fwd_flops", 0) + cost.get("bwd_flops", 0))
+    if flops and row.get("fwd_bwd_ms"):
+        row["tflops"] = flops / row["fwd_bwd_ms"] / 1e9
+        row["gemm_frac"] = row["tflops"] / tf
+    if cost.get("fwd_bytes") and cost.get("bwd_bytes") and row.get("fwd_bwd_ms"):
+        row["fwd_bwd_bw_frac"] = (cost["fwd_bytes"] + cost["bwd_bytes"]) / row["fwd_bwd_ms"] / 1e6 / bw
+
+
+def _ratios(rows: list[dict], baseline: str, case: str, dtype: str) -> None:
+    base = next((r for r in rows if r["backend"] == baseline and r["case"] == case and r["dtype"] == dtype
+                 and "fwd_ms" in r), None)
+    for r in rows:
+        if base is None or r["case"] != case or r["dtype"] != dtype or "fwd_ms" not in r:
+            continue
+        for k in ("fwd_ms", "bwd_ms", "fwd_bwd_ms"):
+            if r.get(k) and base.get(k):
+                r[f"speedup_{k[:-3]}"] = base[k] / r[k]
+
+
+def _write(op: OperatorSpec, rows: list[dict], prov: dict, bw: float, tf: float, device: str, report_dir: str,
+           chosen: list) -> None:
+    def f(x: Any, spec: str = ".3g") -> str:
+        return "" if x is None else (format(x, spec) if isinstance(x, (int, float)) else str(x))
+
+    lines = [f"# Benchmark: `{op.name}`", "", f"{prov['device']}, commit `{prov['commit']}`, {prov['date']}; "
+             + ", ".join(f"{k} {v}" for k, v in prov["versions"].items()) + ".", "",
+             f"Measured in the same run: copy bandwidth **{bw:.0f} GB/s** (bytes read + written), bf16 GEMM "
+             f"**{tf:.0f} TFLOP/s**. Times are medians (ms). `× {op.baseline}` is the speedup over the baseline "
+             "backend on the same shape (higher is faster). Bandwidth fractions use the operator's floor bytes "
+             "(each input read once, each output written once).", "",
+             "| case | dtype | backend | fwd ms | bwd ms | fwd+bwd ms | fwd BW | bwd BW | TFLOP/s | peak extra GB | "
+             f"× {op.baseline} (fwd+bwd) |", "|---" * 11 + "|"]
+    for r in rows:
+        if "skip" in r or "error" in r:
+            lines.append(f"| {r['case']} | {short_dtype(r['dtype'])} | {r['backend']} | "
+                         f"{'SKIP: ' + r['skip'] if 'skip' in r else 'ERROR: ' + r['error']} |" + " |" * 7)
+            continue
+        lines.append(f"| {r['case']} | {short_dtype(r['dtype'])} | {r['backend']}{' (' + r['role'] + ')' if r['role'] != 'kernel' else ''} | "
+                     f"{f(r.get('fwd_ms'))} | {f(r.get('bwd_ms'))} | {f(r.get('fwd_bwd_ms'))} | "
+                     f"{f(r.get('fwd_bw_frac'), '.0%')} | {f(r.get('bwd_bw_frac'), '.0%')} | {f(r.get('tflops'), '.0f')} | "
+                     f"{f(r.get('peak_extra_gb'), '.2f')} | {f(r.get('speedup_fwd_bwd'), '.2f')} |")
+    text = "\n".join(lines) + "\n"
+    payload = {"operator": op.name, "provenance": prov, "copy_gbps": bw, "gemm_tflops": tf, "rows": rows,
+               "backends": {b.name: backend_provenance(b.source_files()) for b in chosen}}
+    root = Path(report_dir)
+    dst = root if device.startswith("cuda") else root / device_class(device)
+    atomic_write(dst / f"bench-{op.name}.md", text)
+    atomic_write(dst / f"bench-{op.name}.json", json.dumps(payload, indent=1, default=str) + "\n")
+    print(text)

@@ -1,0 +1,247 @@
+"""The bug zoo: mutants of real backends made by source edits at load time, and the mutation score.
+
+A mutant copies its backend's package (or module) to a temporary directory under a new name, applies
+its edits there (each old text must occur exactly once), and imports the copy's adapter while
+registrations are captured: the production kernels carry no bug switches, and Triton/CUDA see the
+mutated source files on disk.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from . import registry
+from .localize import matches
+from .spec import Expectation, Mutant
+
+_BUILT: dict[str, registry.Backend] = {}
+_TMP = Path(tempfile.mkdtemp(prefix="harness-mutants-"))
+
+
+class MutantError(Exception):
+    """A mutant that cannot be built: its edit does not apply exactly once."""
+
+
+def _origin(b: registry.Backend) -> tuple[Path, bool]:
+    """The backend's package directory (True) or single module file (False)."""
+    name = b.package or ""
+    mod = importlib.import_module(name)
+    if hasattr(mod, "__path__"):
+        return Path(next(iter(mod.__path__))), True
+    # an adapter module inside a package directory (backends/<impl>/<op>/adapter.py)
+    f = Path(mod.__file__ or "")
+    if f.name == "adapter.py":
+        return f.parent, True
+    return f, False
+
+
+def check_edits(m: Mutant) -> list[str]:
+    """Problems with the mutant's edits against the current source (empty when all apply once)."""
+    b = registry.get_backend(m.operator, m.backend)
+    src, is_pkg = _origin(b)
+    problems = []
+    for i, (rel, old, _new) in enumerate(m.edits):
+        path = src / rel if is_pkg else src
+        if not path.exists():
+            problems.append(f"edit {i}: {rel} does not exist in {src.name}")
+            continue
+        n = path.read_text().count(old)
+        if n != 1:
+            problems.append(f"edit {i}: the old text occurs {n} times in {rel} (must be exactly once): {old[:60]!r}")
+    return problems
+
+
+def mutant_backend(mutant_id: str) -> registry.Backend:
+    if mutant_id in _BUILT:
+        return _BUILT[mutant_id]
+    m = next((x for x in registry.mutants() if x.id == mutant_id), None)
+    if m is None:
+        raise KeyError(f"no mutant {mutant_id!r}; mutants: {', '.join(x.id for x in registry.mutants())}")
+    problems = check_edits(m)
+    if problems:
+        raise MutantError(f"mutant {m.id}: " + "; ".join(problems))
+    base = registry.get_backend(m.operator, m.backend)
+    src, is_pkg = _origin(base)
+    mod_name = "_harness_mutant_" + re.sub(r"\W", "_", m.id)
+    root = _TMP / mod_name
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    if is_pkg:
+        dst = root / mod_name
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        for rel, old, new in m.edits:
+            p = dst / rel
+            p.write_text(p.read_text().replace(old, new, 1))
+        target = f"{mod_name}.adapter" if (dst / "adapter.py").exists() else mod_name
+    else:
+        text = src.read_text()
+        for _rel, old, new in m.edits:
+            text = text.replace(old, new, 1)
+        (root / f"{mod_name}.py").write_text(text)
+        target = mod_name
+    sys.path.insert(0, str(root))
+    try:
+        with registry.capture_registrations() as got:
+            importlib.import_module(target)
+    finally:
+        sys.path.remove(str(root))
+    mine = [b for b in got if b.operator == m.operator and b.name == m.backend]
+    if not mine:
+        raise MutantError(f"mutant {m.id}: the mutated copy registered no {m.operator}/{m.backend} backend")
+    b = mine[0]
+    b.name, b.origin = f"mutant:{m.id}", f"mutant of {base.key}"
+    _BUILT[mutant_id] = b
+    return b
+
+
+def judge_expectation(exp: Expectation, cell: dict) -> tuple[bool, list[str], str]:
+    """Was the defect caught as expected in this cell? Returns (caught, problems, localization shown)."""
+    problems: list[str] = []
+    rows = {r["name"]: r for r in cell.get("components", [])}
+    if exp.status:
+        if cell["status"] not in exp.status.split("|"):
+            problems.append(f"status {cell['status']}, expected {exp.status}")
+    elif cell["status"] in ("ERROR", "CRASH", "TIMEOUT", "SKIP"):
+        problems.append(f"cell {cell['status']}: {cell.get('error', '')[:200]}")
+    for c in exp.fail:
+        v = rows.get(c, {}).get("verdict")
+        if v not in ("FAIL", "SHAPE"):
+            problems.append(f"{c} {v or 'missing'}, expected FAIL")
+    for c in exp.passing:
+        v = rows.get(c, {}).get("verdict")
+        if v != "PASS":
+            problems.append(f"{c} {v or 'missing'}, expected PASS")
+    for c in exp.zeros:
+        if "all zeros" not in rows.get(c, {}).get("reason", ""):
+            problems.append(f"{c} not reported as all zeros")
+    contracts = {k["name"]: k for k in cell.get("contracts", [])}
+    for k in exp.contracts:
+        if contracts.get(k, {}).get("ok", True):
+            problems.append(f"contract {k} not reported violated")
+    shown = []
+    for comp, axes in exp.where.items():
+        loc = rows.get(comp, {}).get("localization", {})
+        for axis, pattern in axes.items():
+            a = next((x for x in loc.get("axes", []) if x["axis"] == axis), None)
+            if a is None:
+                problems.append(f"{comp}: no localization along {axis}")
+            elif not matches(pattern, a["bad"], a["slices"]):
+                problems.append(f"{comp}: bad {axis} slices {a['bad']} of {a['slices']}, expected {pattern}")
+            else:
+                shown.append(f"{comp} {axis}: {pattern}")
+    for r in rows.values():
+        if r.get("verdict") != "PASS" and r.get("localization", {}).get("text") and not exp.where:
+            shown.append(f"{r['name']}: {r['localization']['text']}")
+    return not problems, problems, "; ".join(shown[:3])
+
+
+def run_zoo(kernels: list[str], device: str, report_dir: str, timeout: float, only: list[str] | None = None,
+            progress: bool = True) -> int:
+    from . import runner
+    from .provenance import device_class, run_provenance
+    from .report import atomic_write
+
+    ops = registry.resolve_kernels(kernels)
+    zoo = [m for m in registry.mutants() if m.operator in ops and (not only or m.id in only)]
+    if only:
+        unknown = set(only) - {m.id for m in zoo}
+        if unknown:
+            print(f"harness mutants: error: unknown mutant(s) {', '.join(sorted(unknown))}; known: "
+                  f"{', '.join(m.id for m in registry.mutants())}", file=sys.stderr)
+            return 2
+    rows: list[dict[str, Any]] = []
+    tasks, index = [], []
+    for m in zoo:
+        problems = check_edits(m)
+        if problems:
+            rows.append({"mutant": m.id, "status": "ERROR", "detail": "; ".join(problems), "m": m})
+            continue
+        plan_ok = True
+        for j, exp in enumerate(m.expect):
+            for backend in (f"mutant:{m.id}", m.backend):  # the mutant, and its unmutated control
+                try:
+                    p = runner.plan([m.operator], "smoke", [backend], [exp.dtype], device, repeats=1,
+                                   cases={m.operator: [exp.case]})
+                except (KeyError, ValueError, MutantError) as e:
+                    rows.append({"mutant": m.id, "status": "ERROR", "detail": str(e), "m": m})
+                    plan_ok = False
+                    break
+                for t in p.tasks:
+                    tasks.append(t)
+                    index.append((m.id, j, backend))
+            if not plan_ok:
+                break
+    results: dict[tuple, dict] = {}
+    t0 = time.time()
+    if tasks:
+        plan = runner.Plan(tasks=tasks)
+        done = runner.run(plan, registry.plugins_loaded(), lambda c: None, timeout=timeout)
+        for c in done:
+            for k, t in zip(index, tasks, strict=True):
+                if t.backend == c["backend"] and t.case.name == c["case"]["name"] and t.dtype == c["dtype"]:
+                    results[k] = c
+    for m in zoo:
+        if any(r["mutant"] == m.id for r in rows):
+            continue
+        checks, skipped = [], []
+        for j, exp in enumerate(m.expect):
+            cell, control = results.get((m.id, j, f"mutant:{m.id}")), results.get((m.id, j, m.backend))
+            if cell is None or cell["status"] == "SKIP":
+                skipped.append(cell.get("error", "not run") if cell else "not run")
+                continue
+            caught, problems, shown = judge_expectation(exp, cell)
+            control_ok = control is not None and control["status"] == "PASS"
+            if control is not None and not control_ok:
+                problems.append(f"control (unmutated {m.backend}) is {control['status']} on this case")
+                caught = False
+            checks.append({"case": exp.case.name, "dtype": exp.dtype, "caught": caught and control_ok,
+                           "problems": problems, "shown": shown, "status": cell["status"],
+                           "failing": [r["name"] for r in cell.get("components", []) if r["verdict"] != "PASS"]})
+        if not checks:
+            rows.append({"mutant": m.id, "status": "SKIP", "detail": "; ".join(sorted(set(skipped))), "m": m})
+        else:
+            ok = all(c["caught"] for c in checks)
+            rows.append({"mutant": m.id, "status": "CAUGHT" if ok else "MISSED", "checks": checks, "m": m,
+                         "detail": "; ".join(p for c in checks for p in c["problems"])})
+    ran = [r for r in rows if r["status"] in ("CAUGHT", "MISSED", "ERROR")]
+    caught = [r for r in rows if r["status"] == "CAUGHT"]
+    score = len(caught) / len(ran) if ran else 1.0
+    lines = [f"{'mutant':<26} {'backend':<22} {'expected':<34} {'result':<7} localization / detail"]
+    for r in rows:
+        m = r["m"]
+        exp = "; ".join(filter(None, [", ".join(e.fail) or (e.status or "") for e in m.expect]))[:34]
+        where = "; ".join(c["shown"] for c in r.get("checks", []) if c["shown"]) or r.get("detail", "")
+        lines.append(f"{m.id:<26} {m.operator + '/' + m.backend:<22} {exp:<34} {r['status']:<7} {where[:120]}")
+    lines.append(f"mutation score: {len(caught)}/{len(ran)} caught ({score:.0%}); "
+                 f"{sum(r['status'] == 'SKIP' for r in rows)} skipped (backend cannot run here); {time.time() - t0:.0f} s")
+    print("\n".join(lines))
+    prov = run_provenance(device)
+    out = Path(report_dir) / device_class(device)
+    md = ["# Bug zoo", "", f"Commit `{prov['commit']}`, {prov['date']}, {prov['device']}.", "",
+          f"**Mutation score: {len(caught)}/{len(ran)} caught ({score:.0%})**; skipped here: "
+          f"{sum(r['status'] == 'SKIP' for r in rows)}.", "",
+          "| mutant | seed | operator / backend | planted defect | case | expected | result | shown |",
+          "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        m = r["m"]
+        for c in r.get("checks", [{"case": "—", "shown": r.get("detail", "")}]):
+            exp = next((e for e in m.expect if e.case.name == c["case"]), None)
+            expected = (", ".join(exp.fail) + (f" {exp.status}" if exp.status else "")
+                        + (f" contracts {','.join(exp.contracts)}" if exp.contracts else "")) if exp else ""
+            md.append(f"| {m.id} | {m.seed} | {m.operator}/{m.backend} | {m.description} | {c['case']} | {expected} | "
+                      f"{r['status']} | {c.get('shown') or '; '.join(c.get('problems', [])) or r.get('detail', '')} |")
+    atomic_write(out / "mutants.md", "\n".join(md) + "\n")
+    atomic_write(out / "mutants.json", json.dumps({"provenance": prov, "score": score, "caught": len(caught),
+                                                    "ran": len(ran), "rows": [{k: v for k, v in r.items() if k != "m"}
+                                                                              for r in rows]}, indent=1, default=str))
+    return 0 if len(caught) == len(ran) else 1

@@ -1,0 +1,81 @@
+"""Repro bundles: a failing cell saved with everything needed to replay it in one command.
+
+``reports/repro/<name>/bundle.json`` holds the operator, backend, plugins, case, dtype, seed, versions
+and device; ``inputs.pt`` the inputs and upstream gradients as generated (when under 64 MB). Inputs are
+regenerated from the seed on replay and checked against the saved ones, so a changed generator is
+noticed instead of silently replaying something else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import registry
+from .provenance import run_provenance
+from .spec import Case, dtype_of
+
+MAX_SAVED_BYTES = 64 << 20
+
+
+def _digest(tensors: dict[str, Any]) -> str:
+    h = hashlib.sha256()
+    for k in sorted(tensors):
+        v = tensors[k]
+        if isinstance(v, torch.Tensor):
+            h.update(k.encode())
+            h.update(v.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def save_bundle(cell: dict, root: str | Path, plugins: list[str]) -> Path:
+    from .cell import gen_inputs
+
+    op = registry.get_operator(cell["operator"])
+    case = Case.from_json(cell["case"])
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{op.name}-{cell['backend']}-{cell['dtype']}-{case.name}")[:120]
+    d = Path(root) / "repro" / name
+    d.mkdir(parents=True, exist_ok=True)
+    inputs = gen_inputs(op, case, dtype_of(cell["dtype"]), cell.get("seed", 0), "cpu")
+    size = sum(t.numel() * t.element_size() for t in inputs.tensors.values() if isinstance(t, torch.Tensor))
+    if size <= MAX_SAVED_BYTES:
+        torch.save({k: v for k, v in inputs.tensors.items()}, d / "inputs.pt")
+    bundle = {"operator": op.name, "backend": cell["backend"], "dtype": cell["dtype"], "case": cell["case"],
+              "seed": cell.get("seed", 0), "device": cell.get("device"), "plugins": plugins,
+              "status": cell["status"], "failing": [r["name"] for r in cell.get("components", []) if r["verdict"] != "PASS"],
+              "inputs_sha256": _digest(inputs.tensors), "inputs_saved": size <= MAX_SAVED_BYTES,
+              "provenance": run_provenance(cell.get("device") or "cpu"),
+              "command": f"harness repro {d}"}
+    (d / "bundle.json").write_text(json.dumps(bundle, indent=1, default=str) + "\n")
+    return d
+
+
+def replay(path: str, device: str | None = None) -> int:
+    from . import runner
+    from .cell import gen_inputs
+    from .pytest_plugin import format_failure
+
+    d = Path(path)
+    b = json.loads((d / "bundle.json" if d.is_dir() else d).read_text())
+    for p in b.get("plugins", []):
+        registry.load_plugin(p)
+    dev = device or b.get("device") or "cpu"
+    case = Case.from_json(b["case"])
+    regen = gen_inputs(registry.get_operator(b["operator"]), case, dtype_of(b["dtype"]), b["seed"], "cpu")
+    if _digest(regen.tensors) != b["inputs_sha256"]:
+        print("warning: inputs regenerated from the seed differ from the saved ones (the generator changed); "
+              "replaying the regenerated inputs")
+    ex = runner.CellExecutor(dev, b.get("plugins", []))
+    try:
+        p = runner.plan([b["operator"]], "smoke", [b["backend"]], [b["dtype"]], dev, b["seed"], cases={b["operator"]: [case]})
+        cell = ex.run(p.tasks[0])
+    finally:
+        ex.close()
+    print(format_failure(cell) if cell["status"] != "PASS" else f"{b['operator']}/{b['backend']}/{b['dtype']}/"
+          f"{case.name}: PASS now (was {b['status']})")
+    return 0 if cell["status"] == "PASS" else 1

@@ -1,0 +1,73 @@
+"""Ahead-of-time compilation of Triton kernels for a Hopper target, with no GPU present.
+
+Each Triton backend package may have ``aot.py`` with ``aot_targets() -> list[dict]``; a target is
+``{"name", "kernel" (a @triton.jit function), "signature" ({arg: "*fp32" | "i32" | ... |
+"constexpr"}), "constexprs" ({name: value}), "options" (optional: num_warps, num_stages)}``.
+Compiling them for sm_90 catches what only the GPU compiler sees (layouts, dot shapes, shared
+memory, ptxas) on a CPU-only CI machine. ``python -m harness.triton_aot`` compiles them all.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def compile_target(target: dict, arch: int = 90) -> object:
+    """Compile one target for ``cuda:<arch>`` (warp size 32); returns Triton's compiled kernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = target["kernel"]
+    if not hasattr(fn, "arg_names"):
+        raise TypeError(f"target {target.get('name')!r}: kernel {fn!r} is not a @triton.jit function "
+                        "(is TRITON_INTERPRET set? AOT compilation needs it unset)")
+    consts = dict(target.get("constexprs") or {})
+    # Triton renamed ASTSource's `constants` to `constexprs`; accept either release
+    params = inspect.signature(ASTSource.__init__).parameters
+    key = "constexprs" if "constexprs" in params else "constants"
+    src = ASTSource(fn=fn, signature=dict(target["signature"]), **{key: consts})
+    options = dict(target.get("options") or {})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options or None)
+
+
+def discover_targets() -> list[tuple[str, dict]]:
+    """(backend package, target) for every ``backends/<impl>/<operator>/aot.py`` of the repository."""
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    out: list[tuple[str, dict]] = []
+    for path in sorted(REPO_ROOT.glob("backends/*/*/aot.py")):
+        package = ".".join(path.relative_to(REPO_ROOT).parent.parts)
+        mod = importlib.import_module(package + ".aot")
+        out += [(package, t) for t in mod.aot_targets()]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Compile every discovered target; print one JSON line per target; exit 1 if any failed."""
+    argv = sys.argv[1:] if argv is None else argv
+    failed = 0
+    for package, target in discover_targets():
+        if argv and not any(a in f"{package}:{target['name']}" for a in argv):
+            continue
+        t0 = time.perf_counter()
+        try:
+            compile_target(target)
+            err = None
+        except Exception as e:  # report every failing kernel, not only the first
+            err = f"{type(e).__name__}: {e}"
+            failed += 1
+        print(json.dumps({"id": f"{package}:{target['name']}", "seconds": round(time.perf_counter() - t0, 2),
+                          "error": err}), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
