@@ -288,6 +288,9 @@ def judge_all(op: OperatorSpec, backend: Backend, case: Case, ref: dict, got: di
             res.localization = loc.localize(e, kv, ov, comp.axes, res.tol_max, res.tol_rms,
                                             backend.blocks, case.params)
             res.localization["text"] = loc.describe(res.localization)
+            g = loc.grid(e, comp.axes, backend.blocks, case.params)
+            if g is not None:
+                res.localization["grid"] = g
             res.hint = loc.diagnose(res.localization, res)
         rows.append(res.to_json())
     return rows

@@ -180,3 +180,36 @@ def matches(pattern: Any, bad: list[int], slices: int) -> bool:
     else:
         raise ValueError(f"unknown localization pattern {pattern!r}")
     return set(bad) == want
+
+
+def grid(e: Tensor, axes: tuple[Axis, ...], blocks: dict[str, int], params: dict, cap: int = 64) -> dict[str, Any] | None:
+    """Max error over slices of the two widest axes on different dimensions (for a heatmap)."""
+    cand = [(ax, -(-e.shape[ax.dim] // block_size(ax, blocks, params))) for ax in axes if ax.dim < e.dim()]
+    cand = [(ax, n) for ax, n in cand if n > 1]
+    cand.sort(key=lambda x: -x[1])
+    pick = []
+    for ax, _n in cand:
+        if all(ax.dim != p.dim for p in pick):
+            pick.append(ax)
+        if len(pick) == 2:
+            break
+    if not pick:
+        return None
+    if len(pick) == 1:  # a strip along the one axis that has several slices
+        pick.insert(0, next((ax for ax in axes if ax.dim < e.dim() and ax.dim != pick[0].dim), None) or pick[0])
+        if pick[0] is pick[1]:
+            return None
+    a, b = sorted(pick, key=lambda ax: ax.dim)
+    x = torch.where(torch.isfinite(e), e, torch.full_like(e, float("inf")))
+    x = x.movedim((a.dim, b.dim), (0, 1)).reshape(e.shape[a.dim], e.shape[b.dim], -1).amax(-1)
+    sizes = []
+    for i, ax in enumerate((a, b)):
+        size = block_size(ax, blocks, params)
+        n = x.shape[i]
+        while -(-n // size) > cap:
+            size *= 2
+        sizes.append(size)
+    na, nb = -(-x.shape[0] // sizes[0]), -(-x.shape[1] // sizes[1])
+    x = torch.nn.functional.pad(x, (0, nb * sizes[1] - x.shape[1], 0, na * sizes[0] - x.shape[0]), value=0.0)
+    x = x.reshape(na, sizes[0], nb, sizes[1]).amax(dim=(1, 3))
+    return {"axes": [a.name, b.name], "block": sizes, "values": [[float(v) for v in row] for row in x.tolist()]}

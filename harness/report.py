@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -125,8 +126,10 @@ def render_markdown(op: str, cells: list[dict], runs: dict[str, dict]) -> str:
             for r in c.get("components", []):
                 if r["verdict"] != "PASS":
                     where = r.get("localization", {}).get("text", "")
+                    heat = r.get("localization", {}).get("heatmap")
                     lines.append(f"  - `{r['name']}` {r['verdict']}: {r['reason']}"
-                                 + (f"; where: {where}" if where else "") + (f"; hint: {r['hint']}" if r.get("hint") else ""))
+                                 + (f"; where: {where}" if where else "") + (f"; hint: {r['hint']}" if r.get("hint") else "")
+                                 + (f" ([heatmap]({heat}))" if heat else ""))
             for k in c.get("contracts", []):
                 if not k["ok"]:
                     lines.append(f"  - contract `{k['name']}` violated: {k['detail']}")
@@ -169,10 +172,47 @@ def render_markdown(op: str, cells: list[dict], runs: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def heatmaps(dir_: Path, op: str, cells: list[dict]) -> dict[tuple, str]:
+    """PNG heatmaps of failing components along two localization axes; {(cell key, component): path}."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return {}
+    out = {}
+    img = dir_ / "img"
+    for c in cells:
+        for r in c.get("components", []):
+            g = r.get("localization", {}).get("grid")
+            if r["verdict"] == "PASS" or not g:
+                continue
+            name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{op}-{c['backend']}-{c['dtype']}-{c['case']['name']}-{r['name']}")
+            img.mkdir(parents=True, exist_ok=True)
+            vals = [[min(v, 1e30) for v in row] for row in g["values"]]
+            fig, ax = plt.subplots(figsize=(6, 3.2))
+            im = ax.imshow(vals, aspect="auto", cmap="magma", interpolation="nearest")
+            ax.set_ylabel(f"{g['axes'][0]} (blocks of {g['block'][0]})")
+            ax.set_xlabel(f"{g['axes'][1]} (blocks of {g['block'][1]})")
+            ax.set_title(f"{r['name']} max |error| — {c['backend']} {c['dtype']} {c['case']['name']}"[:80], fontsize=8)
+            fig.colorbar(im, ax=ax)
+            fig.tight_layout()
+            fig.savefig(img / f"{name}.png", dpi=80)
+            plt.close(fig)
+            out[(cell_key(c), r["name"])] = f"img/{name}.png"
+    return out
+
+
 def render(dir_: Path, op: str) -> list[Path]:
     cells, runs = load(dir_, op)
     if not cells:
         return []
+    for (key, comp), path in heatmaps(dir_, op, cells).items():
+        for c in cells:
+            if cell_key(c) == key:
+                for r in c["components"]:
+                    if r["name"] == comp:
+                        r["localization"]["heatmap"] = path
     md, js = dir_ / f"{op}.md", dir_ / f"{op}.json"
     atomic_write(md, render_markdown(op, cells, runs))
     payload = {"operator": op, "runs": runs, "summary": {f"{b}/{d}": v for (b, d), v in summary(cells).items()},
