@@ -14,3 +14,18 @@ register_mutant(Mutant(
                         fail=("dgamma",), status="SHAPE",
                         passing=("dx", "dphi.pre", "dphi.post", "dphi.res", "dalpha.pre", "dbias.pre", "h_in")),),
 ))
+
+# The classic microbatch mistake on the eager torch fused_linear_xent backend (runs on any machine):
+# each microbatch divides by its own valid-token count instead of the global normalizer.
+register_mutant(Mutant(
+    id="xent-microbatch-mean-torch",
+    operator="fused_linear_xent",
+    backend="torch",
+    seed="fused xent log",
+    description="per-microbatch mean instead of the global normalizer",
+    edits=(("fused_linear_xent.py", 'out = {"loss": xent_loss(z, targets, **options)}',
+            'out = {"loss": xent_loss(z, targets, **{**options, "normalizer": None})}'),),
+    expect=(Expectation(Case("zoo-N24-H16-V67-mb2", {"N": 24, "H": 16, "V": 67}, ("microbatch",), 2), "float32",
+                        fail=("loss", "dhidden", "dweight", "dbias"), status="FAIL",
+                        where={"dhidden": {"token": "all"}}),),
+))

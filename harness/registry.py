@@ -147,6 +147,8 @@ def register_backend(backend: Backend | None = None, /, **kwargs: Any) -> Any:
             return {"loss": my_kernel(logits, targets, ...)}
     """
     def add(b: Backend) -> Backend:
+        if b.package is None and callable(b.impl):
+            b.package = b.impl.__module__
         if _capture is not None:
             _capture.append(b)
             return b

@@ -1,0 +1,40 @@
+"""The bug zoo on this machine: every mutant whose backend runs here is caught, as expected, localized."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import registry
+from harness.mutants import check_edits
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("mutant", [m.id for m in registry.mutants()])
+def test_edit_applies_exactly_once(mutant: str):
+    m = next(x for x in registry.mutants() if x.id == mutant)
+    assert check_edits(m) == []
+
+
+def test_zoo_catches_every_mutant_that_runs_here(tmp_path: Path):
+    r = subprocess.run([sys.executable, "-m", "harness", "mutants", "--device", "cpu", "--report", str(tmp_path),
+                        "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    out = json.loads((tmp_path / "cpu" / "mutants.json").read_text())
+    missed = [(row["mutant"], row.get("detail")) for row in out["rows"] if row["status"] in ("MISSED", "ERROR")]
+    assert not missed, r.stdout
+    assert out["ran"] >= 2 and out["caught"] == out["ran"]
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_mutant_whose_edit_does_not_apply_is_an_error():
+    from harness import Case, Expectation, Mutant
+
+    m = Mutant("broken-edit", "mhc_pre", "golden", (("mhc_pre.py", "this text is not in the file", "x"),),
+               (Expectation(Case("c", {"B": 1, "S": 2, "n": 2, "D": 3})),))
+    problems = check_edits(m)
+    assert problems and "occurs 0 times" in problems[0]
