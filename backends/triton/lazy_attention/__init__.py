@@ -1,0 +1,1 @@
+"""Triton backend of lazy_attention (specs/lazy_attention.md)."""

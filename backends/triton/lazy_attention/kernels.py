@@ -1,0 +1,318 @@
+"""Triton kernels of ``lazy_attention`` (specs/lazy_attention.md).
+
+Scores are kept in log2 units, s2 = log2(e) * (scale q.k + bias[i-j]), so every exponential is an
+exp2; ``LSE`` stores lse2 = log2(sum_j 2^s2) (float32) for the backward. Each key/query loop is split
+in three ranges of blocks: far from the diagonal (distance >= W everywhere: no bias gather, no mask),
+inside the bias table (gather bias by distance), and on the diagonal (gather + causal mask).
+
+Forward: one program per (query block, head, batch) runs the LSE pass then the output pass and also
+keeps Y_i = sum_j m_ij p_ij v_j (float32), so that the backward's Delta_i = sum_j p dp = g_i . Y_i is
+one cheap row reduction.
+
+Backward: ``_lazy_bwd_delta_kernel`` (Delta), ``_lazy_bwd_dq_kernel`` (dq, plus per-query-block
+partial rows of dbias and dtau), ``_lazy_bwd_dkdv_kernel`` (dk, dv), ``_lazy_bwd_reduce_kernel``
+(sums the partial rows: deterministic, one add per output element). Every tensor is addressed with
+its own strides, dO's head stride included.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _load_rows(base, offs, s_row, s_col, offs_d, L):
+    return tl.load(base + offs[:, None] * s_row + offs_d[None, :] * s_col, mask=offs[:, None] < L, other=0.0)
+
+
+@triton.jit
+def _bias_tile(bias_row, sbw, dist, W):
+    # bias by distance i - j; 0 outside the table (W is not a window: attention stays causal)
+    return tl.load(bias_row + dist * sbw, mask=(dist >= 0) & (dist < W), other=0.0)
+
+
+@triton.jit
+def _scores(q, k, offs_m, offs_n, bias_row, sbw, W, qk_scale, BIAS: tl.constexpr, PREC: tl.constexpr):
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    if BIAS:
+        s += _bias_tile(bias_row, sbw, offs_m[:, None] - offs_n[None, :], W) * LOG2E
+    return s
+
+
+@triton.jit
+def _fwd_lse_range(q, k_base, skl, skd, bias_row, sbw, offs_m, offs_d, m_i, l_i, lo, hi, L, W, qk_scale,
+                   BLOCK_N: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_base, offs_n, skl, skd, offs_d, L)
+        s = _scores(q, k, offs_m, offs_n, bias_row, sbw, W, qk_scale, BIAS, PREC)
+        if CAUSAL:
+            s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        l_i = l_i * tl.exp2(m_i - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
+        m_i = m_new
+    return m_i, l_i
+
+
+@triton.jit
+def _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, acc, y,
+                   lo, hi, L, W, qk_scale, BLOCK_N: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr,
+                   SAVE_Y: tl.constexpr, PREC: tl.constexpr):
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_base, offs_n, skl, skd, offs_d, L)
+        v = _load_rows(v_base, offs_n, svl, svd, offs_d, L)
+        s = _scores(q, k, offs_m, offs_n, bias_row, sbw, W, qk_scale, BIAS, PREC)
+        p = tl.exp2(s - lse2[:, None])
+        keep = p + c[:, None] > 0
+        if CAUSAL:
+            # with tau > 0, p + c = c > 0 above the diagonal: the mask applies to e as well
+            causal = offs_n[None, :] <= offs_m[:, None]
+            p = tl.where(causal, p, 0.0)
+            keep = keep & causal
+        e = tl.where(keep, p + c[:, None], 0.0)
+        acc = tl.dot(e.to(v.dtype), v, acc, input_precision=PREC)
+        if SAVE_Y:
+            y = tl.dot(tl.where(keep, p, 0.0).to(v.dtype), v, y, input_precision=PREC)
+    return acc, y
+
+
+@triton.jit
+def _lazy_fwd_kernel(Q, K, V, Bias, Tau, O, Y, LSE,
+                     sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd, sob, soh, sol, sod,
+                     sbh, sbw, stau, H, L, W, qk_scale,
+                     DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     SAVE_Y: tl.constexpr, PREC: tl.constexpr):
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, DH)
+    q = _load_rows(Q + b * sqb + h * sqh, offs_m, sql, sqd, offs_d, L)
+    k_base = K + b * skb + h * skh
+    v_base = V + b * svb + h * svh
+    bias_row = Bias + h * sbh
+    c = tl.load(Tau + h * stau) / (offs_m + 1).to(tl.float32)
+
+    hi = tl.minimum(m0 + BLOCK_M, L)
+    bias_lo = (tl.maximum(m0 - W + 1, 0) // BLOCK_N) * BLOCK_N    # first key block with distance < W
+    diag_lo = (m0 // BLOCK_N) * BLOCK_N                           # first key block with some j > i
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    m_i, l_i = _fwd_lse_range(q, k_base, skl, skd, bias_row, sbw, offs_m, offs_d, m_i, l_i, 0, bias_lo,
+                              L, W, qk_scale, BLOCK_N, False, False, PREC)
+    m_i, l_i = _fwd_lse_range(q, k_base, skl, skd, bias_row, sbw, offs_m, offs_d, m_i, l_i, bias_lo, diag_lo,
+                              L, W, qk_scale, BLOCK_N, True, False, PREC)
+    m_i, l_i = _fwd_lse_range(q, k_base, skl, skd, bias_row, sbw, offs_m, offs_d, m_i, l_i, diag_lo, hi,
+                              L, W, qk_scale, BLOCK_N, True, True, PREC)
+    lse2 = m_i + tl.log2(l_i)
+
+    acc = tl.zeros([BLOCK_M, DH], tl.float32)
+    y = tl.zeros([BLOCK_M, DH], tl.float32)
+    acc, y = _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
+                            acc, y, 0, bias_lo, L, W, qk_scale, BLOCK_N, False, False, SAVE_Y, PREC)
+    acc, y = _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
+                            acc, y, bias_lo, diag_lo, L, W, qk_scale, BLOCK_N, True, False, SAVE_Y, PREC)
+    acc, y = _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
+                            acc, y, diag_lo, hi, L, W, qk_scale, BLOCK_N, True, True, SAVE_Y, PREC)
+
+    rows = offs_m < L
+    tl.store(O + b * sob + h * soh + offs_m[:, None] * sol + offs_d[None, :] * sod,
+             acc.to(O.dtype.element_ty), mask=rows[:, None])
+    bh = b * H + h
+    tl.store(LSE + bh * L + offs_m, lse2, mask=rows)
+    if SAVE_Y:
+        tl.store(Y + (bh * L + offs_m[:, None]) * DH + offs_d[None, :], y, mask=rows[:, None])
+
+
+@triton.jit
+def _lazy_bwd_delta_kernel(DO, Y, Delta, sdob, sdoh, sdol, sdod, H, L,
+                           DH: tl.constexpr, BLOCK_M: tl.constexpr):
+    # Delta_i = sum_j p dp = g_i . Y_i (not g_i . o_i: rows of e need not sum to one)
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, DH)
+    g = _load_rows(DO + b * sdob + h * sdoh, offs_m, sdol, sdod, offs_d, L).to(tl.float32)
+    bh = b * H + h
+    y = _load_rows(Y + bh * L * DH, offs_m, DH, 1, offs_d, L)
+    tl.store(Delta + bh * L + offs_m, tl.sum(g * y, 1), mask=offs_m < L)
+
+
+@triton.jit
+def _diag_sums(ds, BLOCK: tl.constexpr):
+    # Sums of a square tile along its diagonals: lo[k] over i - j == k, hi[k] over i - j == k - BLOCK.
+    # Row i is rotated by i (a register gather), which puts diagonal k (or k - BLOCK) in column k.
+    ii = tl.arange(0, BLOCK)[:, None]
+    kk = tl.arange(0, BLOCK)[None, :]
+    rot = tl.gather(ds, (ii - kk + BLOCK) % BLOCK, axis=1)
+    lower = ii >= kk
+    return tl.sum(tl.where(lower, rot, 0.0), 0), tl.sum(tl.where(lower, 0.0, rot), 0)
+
+
+@triton.jit
+def _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, delta, c,
+              dq, dps, carry, part_row, m0, lo, hi, L, W, qk_scale,
+              BLOCK: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
+    for n0 in range(lo, hi, BLOCK):
+        offs_n = n0 + tl.arange(0, BLOCK)
+        k = _load_rows(k_base, offs_n, skl, skd, offs_d, L)
+        v = _load_rows(v_base, offs_n, svl, svd, offs_d, L)
+        s = _scores(q, k, offs_m, offs_n, bias_row, sbw, W, qk_scale, BIAS, PREC)
+        p = tl.exp2(s - lse2[:, None])
+        keep = p + c[:, None] > 0
+        if CAUSAL:
+            causal = offs_n[None, :] <= offs_m[:, None]
+            p = tl.where(causal, p, 0.0)
+            keep = keep & causal
+        dp = tl.where(keep, tl.dot(g, tl.trans(v), input_precision=PREC), 0.0)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
+        dps += tl.sum(dp, 1)
+        if BIAS:
+            # tile (m0, n0) covers distances m0 - n0 + [-BLOCK, BLOCK); consecutive key blocks shift by
+            # BLOCK, so the chunk [m0-n0, m0-n0+BLOCK) is complete once this tile's lower part is added
+            # to the previous tile's upper part: each chunk is stored exactly once (no read-modify-write)
+            lo_s, hi_s = _diag_sums(ds, BLOCK)
+            dist = (m0 - n0) + tl.arange(0, BLOCK)
+            tl.store(part_row + dist, lo_s + carry, mask=(dist >= 0) & (dist < W))
+            carry = hi_s
+    return dq, dps, carry
+
+
+@triton.jit
+def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
+                        sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
+                        sdob, sdoh, sdol, sdod, sdqb, sdqh, sdql, sdqd,
+                        sbh, sbw, stau, H, L, W, qk_scale, scale,
+                        DH: tl.constexpr, BLOCK: tl.constexpr, PREC: tl.constexpr):
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    m0 = pid_m * BLOCK
+    offs_m = m0 + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, DH)
+    rows = offs_m < L
+    q = _load_rows(Q + b * sqb + h * sqh, offs_m, sql, sqd, offs_d, L)
+    g = _load_rows(DO + b * sdob + h * sdoh, offs_m, sdol, sdod, offs_d, L)
+    bh = b * H + h
+    # padded rows: lse = +inf makes p = 0 there, so they add nothing to the partial sums
+    lse2 = tl.load(LSE + bh * L + offs_m, mask=rows, other=float("inf"))
+    delta = tl.load(Delta + bh * L + offs_m, mask=rows, other=0.0)
+    c = tl.load(Tau + h * stau) / (offs_m + 1).to(tl.float32)
+    k_base = K + b * skb + h * skh
+    v_base = V + b * svb + h * svh
+    bias_row = Bias + h * sbh
+    # partial row of this (batch, query block, head): W dbias entries, then the dtau entry
+    n_m = tl.num_programs(0)
+    part_row = Part + ((b * n_m + pid_m) * H + h) * (W + 1)
+
+    hi = tl.minimum(m0 + BLOCK, L)
+    bias_lo = (tl.maximum(m0 - W + 1, 0) // BLOCK) * BLOCK
+    diag_lo = m0
+    dq = tl.zeros([BLOCK, DH], tl.float32)
+    dps = tl.zeros([BLOCK], tl.float32)
+    carry = tl.zeros([BLOCK], tl.float32)
+    dq, dps, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
+                               delta, c, dq, dps, carry, part_row, m0, 0, bias_lo, L, W, qk_scale,
+                               BLOCK, False, False, PREC)
+    dq, dps, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
+                               delta, c, dq, dps, carry, part_row, m0, bias_lo, diag_lo, L, W, qk_scale,
+                               BLOCK, True, False, PREC)
+    dq, dps, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
+                               delta, c, dq, dps, carry, part_row, m0, diag_lo, hi, L, W, qk_scale,
+                               BLOCK, True, True, PREC)
+    # the last tile is the diagonal one (n0 = m0): its upper part, left in carry, lies at distances < 0
+
+    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdql + offs_d[None, :] * sdqd,
+             (dq * scale).to(DQ.dtype.element_ty), mask=rows[:, None])
+    inv = 1.0 / (offs_m + 1).to(tl.float32)
+    tl.store(part_row + W, tl.sum(tl.where(rows, dps * inv, 0.0), 0))
+
+
+@triton.jit
+def _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau, bias_row, sbw,
+                offs_n, offs_d, dk, dv, lo, hi, L, W, qk_scale,
+                BLOCK_M: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
+    # transposed tiles: rows are keys j, columns queries i
+    for m0 in range(lo, hi, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        q = _load_rows(q_base, offs_m, sql, sqd, offs_d, L)
+        g = _load_rows(do_base, offs_m, sdol, sdod, offs_d, L)
+        lse2 = tl.load(lse_base + offs_m, mask=offs_m < L, other=float("inf"))
+        delta = tl.load(delta_base + offs_m, mask=offs_m < L, other=0.0)
+        c = tau / (offs_m + 1).to(tl.float32)
+        sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
+        if BIAS:
+            sT += _bias_tile(bias_row, sbw, offs_m[None, :] - offs_n[:, None], W) * LOG2E
+        pT = tl.exp2(sT - lse2[None, :])
+        keep = pT + c[None, :] > 0
+        if CAUSAL:
+            causal = offs_m[None, :] >= offs_n[:, None]
+            pT = tl.where(causal, pT, 0.0)
+            keep = keep & causal
+        eT = tl.where(keep, pT + c[None, :], 0.0)
+        dv = tl.dot(eT.to(g.dtype), g, dv, input_precision=PREC)
+        dpT = tl.where(keep, tl.dot(v, tl.trans(g), input_precision=PREC), 0.0)
+        dsT = pT * (dpT - delta[None, :])
+        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PREC)
+    return dk, dv
+
+
+@triton.jit
+def _lazy_bwd_dkdv_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV,
+                          sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
+                          sdob, sdoh, sdol, sdod, sdkb, sdkh, sdkl, sdkd, sdvb, sdvh, sdvl, sdvd,
+                          sbh, sbw, stau, H, L, W, qk_scale, scale,
+                          DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    pid_n = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, DH)
+    k = _load_rows(K + b * skb + h * skh, offs_n, skl, skd, offs_d, L)
+    v = _load_rows(V + b * svb + h * svh, offs_n, svl, svd, offs_d, L)
+    q_base = Q + b * sqb + h * sqh
+    do_base = DO + b * sdob + h * sdoh
+    bh = b * H + h
+    tau = tl.load(Tau + h * stau)
+    bias_row = Bias + h * sbh
+
+    m_lo = (n0 // BLOCK_M) * BLOCK_M                                          # first block with i >= n0
+    diag_hi = tl.minimum(tl.cdiv(n0 + BLOCK_N, BLOCK_M) * BLOCK_M, L)         # blocks with some i < j
+    bias_hi = tl.minimum(tl.maximum(tl.cdiv(n0 + BLOCK_N - 1 + W, BLOCK_M) * BLOCK_M, diag_hi), L)
+    dk = tl.zeros([BLOCK_N, DH], tl.float32)
+    dv = tl.zeros([BLOCK_N, DH], tl.float32)
+    dk, dv = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, LSE + bh * L, Delta + bh * L, tau,
+                         bias_row, sbw, offs_n, offs_d, dk, dv, m_lo, diag_hi, L, W, qk_scale,
+                         BLOCK_M, True, True, PREC)
+    dk, dv = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, LSE + bh * L, Delta + bh * L, tau,
+                         bias_row, sbw, offs_n, offs_d, dk, dv, diag_hi, bias_hi, L, W, qk_scale,
+                         BLOCK_M, True, False, PREC)
+    dk, dv = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, LSE + bh * L, Delta + bh * L, tau,
+                         bias_row, sbw, offs_n, offs_d, dk, dv, bias_hi, L, L, W, qk_scale,
+                         BLOCK_M, False, False, PREC)
+    cols = offs_n[:, None] < L
+    tl.store(DK + b * sdkb + h * sdkh + offs_n[:, None] * sdkl + offs_d[None, :] * sdkd,
+             (dk * scale).to(DK.dtype.element_ty), mask=cols)
+    tl.store(DV + b * sdvb + h * sdvh + offs_n[:, None] * sdvl + offs_d[None, :] * sdvd,
+             dv.to(DV.dtype.element_ty), mask=cols)
+
+
+@triton.jit
+def _lazy_bwd_reduce_kernel(Part, DBias, DTau, R, H, W, BLOCK_W: tl.constexpr):
+    # dbias[h, :W] and dtau[h] (column W) = sum over the R = B * query-blocks partial rows of head h
+    h = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    acc = tl.zeros([BLOCK_W], tl.float32)
+    for r in range(0, R):
+        acc += tl.load(Part + (r * H + h) * (W + 1) + cols, mask=cols <= W, other=0.0)
+    dst_h = h  # the output slot of this head
+    # outputs start at zero and each element receives exactly one add: deterministic
+    tl.atomic_add(DBias + dst_h * W + cols, acc, mask=cols < W)
+    tl.atomic_add(DTau + dst_h + cols * 0, acc, mask=cols == W)

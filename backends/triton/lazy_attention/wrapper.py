@@ -1,0 +1,163 @@
+"""Launch helpers, the autograd Function and ``lazy_attention_triton`` (specs/lazy_attention.md)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+
+from .kernels import (
+    _lazy_bwd_delta_kernel,
+    _lazy_bwd_dkdv_kernel,
+    _lazy_bwd_dq_kernel,
+    _lazy_bwd_reduce_kernel,
+    _lazy_fwd_kernel,
+)
+
+Tensor = torch.Tensor
+LOG2E = 1.4426950408889634
+HEAD_DIMS = (16, 32, 64, 128)
+# Under the interpreter every block is 16, so that CPU-sized L spans several blocks.
+INTERPRET_BLOCK = 16
+# Per-kernel launch settings can be replaced here (the GPU benchmark script sweeps them).
+OVERRIDES: dict[str, dict] = {}
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
+    """Block sizes and launch options of ``kernel`` ("fwd", "dq", "dkdv") for head dim ``dh``."""
+    if _interpreted():
+        b = INTERPRET_BLOCK
+        return {"fwd": {"BLOCK_M": b, "BLOCK_N": b}, "dq": {"BLOCK": b},
+                "dkdv": {"BLOCK_M": b, "BLOCK_N": b}}[kernel]
+    return gpu_config(kernel, dh, dtype)
+
+
+def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
+    """The compiled (GPU) launch settings, also what aot.py compiles."""
+    if kernel in OVERRIDES:
+        return dict(OVERRIDES[kernel])
+    wide = dtype == torch.float32   # fp32 tiles are twice the bytes, and ieee dots run on FMA units
+    if kernel == "fwd":
+        if wide:
+            return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8 if dh >= 64 else 4, "num_stages": 3}
+    if kernel == "dq":
+        if wide:
+            return {"BLOCK": 32, "num_warps": 4, "num_stages": 1}
+        return {"BLOCK": 64, "num_warps": 4, "num_stages": 2}
+    if wide:
+        return {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1}
+    return {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # float32 inputs: exact fp32 products (no tf32); 16-bit inputs use the tensor cores either way
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _check(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor) -> None:
+    if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"q, k, v must share a [B,H,L,Dh] shape; got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"q, k, v must share one of float16/bfloat16/float32; "
+                         f"got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"head dim {q.shape[-1]} not supported; expected one of {HEAD_DIMS}")
+    H = q.shape[1]
+    if bias.dim() != 2 or bias.shape[0] != H or tau.shape != (H,):
+        raise ValueError(f"bias must be [H, W] and tau [H] with H={H}; "
+                         f"got {tuple(bias.shape)}, {tuple(tau.shape)}")
+    if bias.dtype != torch.float32 or tau.dtype != torch.float32:
+        raise ValueError(f"bias and tau must be float32; got {bias.dtype}, {tau.dtype}")
+
+
+def _launch_opts(cfg: dict) -> dict:
+    return {k: cfg[k] for k in ("num_warps", "num_stages") if k in cfg}
+
+
+def lazy_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, scale: float,
+                 save_y: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """o [B,H,L,Dh] (q.dtype), Y = sum_j m p v (float32, or an empty tensor) and lse2 [B,H,L] (float32)."""
+    B, H, L, DH = q.shape
+    W = bias.shape[1]
+    o = torch.empty((B, H, L, DH), dtype=q.dtype, device=q.device)
+    y = torch.empty((B, H, L, DH) if save_y else (1,), dtype=torch.float32, device=q.device)
+    lse = torch.empty((B, H, L), dtype=torch.float32, device=q.device)
+    cfg = config("fwd", DH, q.dtype)
+    grid = (triton.cdiv(L, cfg["BLOCK_M"]), H, B)
+    _lazy_fwd_kernel[grid](
+        q, k, v, bias, tau, o, y, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E,
+        DH=DH, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SAVE_Y=save_y, PREC=_precision(q.dtype),
+        **_launch_opts(cfg))
+    return o, y, lse
+
+
+def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, y: Tensor, lse: Tensor,
+                  do: Tensor, scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv (input dtype), dbias [H,W] and dtau [H] (float32), all computed by the kernels."""
+    B, H, L, DH = q.shape
+    W = bias.shape[1]
+    dev, prec = q.device, _precision(q.dtype)
+    sdo = (do.stride(0), do.stride(1), do.stride(2), do.stride(3))
+    dq = torch.empty((B, H, L, DH), dtype=q.dtype, device=dev)
+    dk = torch.empty((B, H, L, DH), dtype=k.dtype, device=dev)
+    dv = torch.empty((B, H, L, DH), dtype=v.dtype, device=dev)
+    delta = torch.empty((B, H, L), dtype=torch.float32, device=dev)
+
+    bm = config("fwd", DH, q.dtype)["BLOCK_M"]
+    _lazy_bwd_delta_kernel[(triton.cdiv(L, bm), H, B)](do, y, delta, *sdo, H, L, DH=DH, BLOCK_M=bm)
+
+    cq = config("dq", DH, q.dtype)
+    n_m = triton.cdiv(L, cq["BLOCK"])
+    # one partial row per (batch, query block, head): W dbias sums, then the dtau sum
+    part = torch.zeros((B * n_m, H, W + 1), dtype=torch.float32, device=dev)
+    _lazy_bwd_dq_kernel[(n_m, H, B)](
+        q, k, v, do, bias, tau, lse, delta, dq, part, *q.stride(), *k.stride(), *v.stride(), *sdo,
+        *dq.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E, scale,
+        DH=DH, BLOCK=cq["BLOCK"], PREC=prec, **_launch_opts(cq))
+
+    ckv = config("dkdv", DH, q.dtype)
+    _lazy_bwd_dkdv_kernel[(triton.cdiv(L, ckv["BLOCK_N"]), H, B)](
+        q, k, v, do, bias, tau, lse, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *sdo,
+        *dk.stride(), *dv.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W,
+        scale * LOG2E, scale, DH=DH, BLOCK_M=ckv["BLOCK_M"], BLOCK_N=ckv["BLOCK_N"], PREC=prec,
+        **_launch_opts(ckv))
+
+    dbias = torch.zeros((H, W), dtype=torch.float32, device=dev)
+    dtau = torch.zeros((H,), dtype=torch.float32, device=dev)
+    bw = min(1024, triton.next_power_of_2(W + 1))
+    _lazy_bwd_reduce_kernel[(H, triton.cdiv(W + 1, bw))](part, dbias, dtau, B * n_m, H, W, BLOCK_W=bw)
+    return dq, dk, dv, dbias, dtau
+
+
+class LazyAttentionFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, scale: float) -> Tensor:
+        save = any(ctx.needs_input_grad[:5])
+        o, y, lse = lazy_forward(q, k, v, bias, tau, scale, save)
+        if save:
+            ctx.save_for_backward(q, k, v, bias, tau, y, lse)
+        ctx.scale = scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do: Tensor):
+        q, k, v, bias, tau, y, lse = ctx.saved_tensors
+        dq, dk, dv, dbias, dtau = lazy_backward(q, k, v, bias, tau, y, lse, do.to(q.dtype), ctx.scale)
+        return dq, dk, dv, dbias, dtau, None
+
+
+def lazy_attention_triton(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, *,
+                          scale: float | None = None) -> dict[str, Tensor]:
+    """Lazy attention on Triton kernels: {"o": o}, differentiable in q, k, v, bias and tau."""
+    _check(q, k, v, bias, tau)
+    s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return {"o": LazyAttentionFn.apply(q, k, v, bias, tau, s)}
