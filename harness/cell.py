@@ -366,6 +366,8 @@ def run_cell(op: OperatorSpec, backend: Backend, case: Case, dtype_name: str, de
         cell["status"] = "FAIL"
     elif any(v == "SHAPE" for v in verdicts):
         cell["status"] = "SHAPE"
+    if cell["status"] != "PASS" and dtype_name in backend.expected_gaps:
+        cell["expected_gap"] = backend.expected_gaps[dtype_name]
     cell["reference_s"] = round(t_ref, 4)
     cell["duration_s"] = round(time.time() - t0, 4)
     return cell
