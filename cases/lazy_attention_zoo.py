@@ -1,0 +1,36 @@
+"""Bug-zoo mutants of the Triton lazy_attention backend (specs/bug-zoo.md); they run on CPU too.
+
+Edits apply to a copy of backends/triton/lazy_attention/. The seed bugs only show with H >= 2, and
+the dO head-stride bug only when q and dO have different strides: q/k/v are transposed views of a
+[B,L,H,Dh] buffer (head stride Dh) while dO is contiguous (head stride L*Dh).
+"""
+
+from __future__ import annotations
+
+from cases.lazy_attention import QKV_T, C
+from harness import Expectation, register_mutant
+from harness.spec import Mutant
+
+# L = 33 spans three interpreter blocks of 16; W = 40 > L and > BLOCK
+CASE = C("zoo-B2-H3-L33-W40-qkvT-dOcontig", 2, 3, 33, 16, 40, ("zoo",), tau="neg", layout=QKV_T,
+         grad_layout="contiguous")
+GRADS = ("dq", "dk", "dv", "dbias", "dtau")
+
+register_mutant(Mutant(
+    id="lazy-do-head-stride", operator="lazy_attention", backend="triton",
+    seed="lazy-attention-multihead-gradient-fix.md",
+    description="dO addressed with q's head stride in the Delta, dq and dk/dv kernels",
+    edits=(("wrapper.py", "sdo = (do.stride(0), do.stride(1), do.stride(2), do.stride(3))",
+            "sdo = (do.stride(0), q.stride(1), do.stride(2), do.stride(3))"),),
+    expect=(Expectation(CASE, "float32", fail=GRADS, passing=("o",),
+                        where={c: {"head": "all-but-first"} for c in GRADS}),),
+))
+
+register_mutant(Mutant(
+    id="lazy-head0-atomics", operator="lazy_attention", backend="triton",
+    seed="lazy-attention-multihead-gradient-debug.md",
+    description="dbias/dtau of every head accumulated into head 0's slot (head 0 holds the sum)",
+    edits=(("kernels.py", "dst_h = h", "dst_h = 0"),),
+    expect=(Expectation(CASE, "float32", fail=("dbias", "dtau"), passing=("o", "dq", "dk", "dv"),
+                        where={"dbias": {"head": "all"}, "dtau": {"head": "all"}}),),
+))
