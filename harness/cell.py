@@ -147,6 +147,13 @@ def oracle_and_floor(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int
         for k, v in rgr.items():
             if v is not None:
                 err_grad.setdefault(k, []).append(_err(v.to(inputs.tensors[k].dtype), pgr.get(k)))
+    if case.microbatches > 1 and op.microbatch is not None:
+        # the floor under the same protocol: per-microbatch float32 results rounded, then combined
+        mo, mg = _floor_microbatched(op, inputs, g, case, seed, contract, tf32)
+        for k, v in mo.items():
+            err_out.setdefault(k, []).append(_err(v, o_out.get(k)))
+        for k, v in mg.items():
+            err_grad.setdefault(k, []).append(_err(v, o_grad.get(k)))
     extra: dict[str, Any] = {}
     if op.extra_bound is not None:
         kw = {"matmul_precision": "tf32"} if tf32 and "matmul_precision" in inspect.signature(op.extra_bound).parameters else {}
@@ -243,6 +250,40 @@ def call_microbatched(op: OperatorSpec, backend: Backend, inputs: Inputs, grad_o
         combined["allocations"] += r["allocations"]
     combined["naive"] = _naive_microbatch(op, parts, grad_outputs, mb)
     return combined
+
+
+def _parts(op: OperatorSpec, inputs: Inputs, grad_outputs: dict, k: int, case: Case, seed: int):
+    """The microbatches (as the backend gets them) with their slices of the upstream gradients."""
+    mb = op.microbatch
+    assert mb is not None
+    offset = 0
+    for part in mb.split(inputs, k, generator(op.name, case.name, seed, "split")):
+        size = next((part.tensors[n].shape[0] for n, how in mb.combine.items()
+                     if how == "cat0" and isinstance(part.tensors.get(n), Tensor)), 0)
+        g = {n: (v if mb.combine.get(n) != "cat0" else v[offset:offset + size]) for n, v in grad_outputs.items()}
+        offset += size
+        yield part, g
+
+
+def _combine(mb: Any, name: str, vals: list[Tensor]) -> Tensor:
+    if mb.combine.get(name, "sum") == "cat0":
+        return torch.cat(vals, 0)
+    return torch.stack([v.to(torch.float32) for v in vals]).sum(0).to(vals[0].dtype)
+
+
+def _floor_microbatched(op: OperatorSpec, inputs: Inputs, g: dict, case: Case, seed: int, contract: dict,
+                        tf32: bool) -> tuple[dict, dict]:
+    outs: dict[str, list[Tensor]] = {}
+    grads: dict[str, list[Tensor]] = {}
+    for part, pg in _parts(op, inputs, g, case.microbatches, case, seed):
+        ro, rg, _ = reference_run(op, part, pg, torch.float32, tf32=tf32)
+        for k, v in ro.items():
+            outs.setdefault(k, []).append(v.to(contract.get(k, v.dtype)))
+        for k, v in rg.items():
+            if v is not None:
+                grads.setdefault(k, []).append(v.to(part.tensors[k].dtype))
+    mb = op.microbatch
+    return ({k: _combine(mb, k, v) for k, v in outs.items()}, {k: _combine(mb, k, v) for k, v in grads.items()})
 
 
 def _naive_microbatch(op: OperatorSpec, parts: list[Inputs], grad_outputs: dict, mb: Any) -> dict[str, Tensor]:

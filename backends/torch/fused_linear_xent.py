@@ -26,7 +26,7 @@ def fused_linear_xent_torch(hidden: Tensor, weight: Tensor, bias: Tensor | None,
 
 register_backend(Backend(
     operator="fused_linear_xent", name="torch", impl=fused_linear_xent_torch, devices=("cpu", "cuda"),
-    expected_gaps={"float16": "eager logits, loss and softmax are computed the loss and softmax in the case dtype",
-                   "bfloat16": "eager logits, loss and softmax are computed the loss and softmax in the case dtype"},
+    expected_gaps={"float16": "eager logits, loss and softmax are computed in the case dtype",
+                   "bfloat16": "eager logits, loss and softmax are computed in the case dtype"},
     dtypes=("float32", "bfloat16", "float16"), deterministic=True, sources=(__file__,),
     description="F.linear (+bias), softcap, F.cross_entropy in the case dtype; logits materialized"))
