@@ -147,47 +147,66 @@ __host__ __device__ inline int64_t cache_elems(int64_t V, int w, int parts) {
 }
 
 // ---- online (max, sum) with a fixed reduction tree -----------------------------------------------
+// The sum leaves out one element at the max (its exp is exactly 1): r = sum_j exp(z_j - m) - 1, and
+// log sum = log1p(r). In a confident row (p_y -> 1, r ~ 1e-8) the loss LSE - z_y = log1p(r) and the
+// target's p - 1 keep their digits, where 1 + r would round to 1 in float32 and give exactly 0.
 
 struct MS {
   float m;  // running max
-  float s;  // sum of exp(z - m)
+  float r;  // sum of exp(z - m) over the elements seen, minus one element at the max
   float z;  // sum of z (label smoothing)
 };
 
-__device__ __forceinline__ MS ms_identity() { return MS{-INFINITY, 0.f, 0.f}; }
+__host__ __device__ __forceinline__ MS ms_identity() { return MS{-INFINITY, 0.f, 0.f}; }
 
-__device__ __forceinline__ void ms_merge(MS& a, const MS& b) {
-  const float mn = fmaxf(a.m, b.m);
-  // a side whose max equals the new max keeps its sum exactly (also covers -inf == -inf)
-  const float sa = a.m == mn ? a.s : a.s * expf(a.m - mn);
-  const float sb = b.m == mn ? b.s : b.s * expf(b.m - mn);
-  a.m = mn;
-  a.s = sa + sb;
+__host__ __device__ __forceinline__ void ms_merge(MS& a, const MS& b) {
   a.z += b.z;
+  if (b.m == -INFINITY) {  // b is empty or all -inf: adds nothing (but a NaN in b.r propagates)
+    a.r += b.r;
+    return;
+  }
+  if (a.m == -INFINITY) {
+    a.r += b.r;
+    a.m = b.m;
+    return;
+  }
+  // the smaller side's excluded max element becomes an ordinary term: (r + 1) exp(m_small - m_big)
+  if (a.m >= b.m) {
+    a.r = a.r + (b.r + 1.f) * expf(b.m - a.m);
+  } else {
+    a.r = b.r + (a.r + 1.f) * expf(a.m - b.m);
+    a.m = b.m;
+  }
 }
 
 // Per-thread accumulation of n values; `comp` is the Kahan compensation (only with XENT_KAHAN).
-__device__ __forceinline__ void ms_add(MS& a, float& comp, const float* x, int n) {
+__host__ __device__ __forceinline__ void ms_add(MS& a, float& comp, const float* x, int n) {
   float lm = x[0];
   for (int k = 1; k < n; ++k) lm = fmaxf(lm, x[k]);
-  if (lm > a.m) {
-    const float f = expf(a.m - lm);  // 0 when a.m = -inf
-    a.s *= f;
+  bool skip = false;
+  if (lm > a.m) {  // new max: the old excluded element becomes a term, the new max is excluded
+    const float f = expf(a.m - lm);  // 0 when a.m = -inf (then r = 0 too)
+    a.r = (a.r + 1.f) * f;
     comp *= f;
     a.m = lm;
+    skip = true;
   }
   for (int k = 0; k < n; ++k) {
+    a.z += x[k];
+    if (skip && x[k] == a.m) {
+      skip = false;
+      continue;
+    }
     // -inf logits contribute exactly 0 (and never exp(-inf - -inf) = NaN); NaN logits propagate
     const float e = x[k] == -INFINITY ? 0.f : expf(x[k] - a.m);
 #ifdef XENT_KAHAN
     const float yk = e - comp;
-    const float t = a.s + yk;
-    comp = (t - a.s) - yk;
-    a.s = t;
+    const float t = a.r + yk;
+    comp = (t - a.r) - yk;
+    a.r = t;
 #else
-    a.s += e;
+    a.r += e;
 #endif
-    a.z += x[k];
   }
 }
 
@@ -199,7 +218,7 @@ __device__ __forceinline__ MS warp_reduce(MS v, int lane, int width) {
   for (int off = 16; off > 0; off >>= 1) {
     MS o;
     o.m = __shfl_down_sync(mask, v.m, off);
-    o.s = __shfl_down_sync(mask, v.s, off);
+    o.r = __shfl_down_sync(mask, v.r, off);
     o.z = __shfl_down_sync(mask, v.z, off);
     if (lane + off < width) ms_merge(v, o);
   }
@@ -233,11 +252,12 @@ struct Coef {
   bool zero;      // ignored row (or D == 0): write exact zeros, read nothing
 };
 
-template <typename T>
-__device__ __forceinline__ float grad_elem(float x, bool tgt, const Coef& k) {
-  float d = k.a * expf((x - k.m) - k.logs) - k.b;
-  if (tgt) d -= k.t;  // p - 1 in float32, rounded to T once by the caller
-  return k.c * d;
+__host__ __device__ __forceinline__ float grad_elem(float x, bool tgt, const Coef& k) {
+  const float arg = (x - k.m) - k.logs;  // log p; z - m is exact for close values (+-1e4 logits)
+  // target: a p - (1-eps) - eps/V = a (p - 1) + (a - (1-eps)) - eps/V, with p - 1 = expm1(log p) in
+  // float32: no cancellation even where p rounds to 1, and one rounding to T by the caller
+  if (tgt) return k.c * (k.a * expm1f(arg) + ((k.a - k.t) - k.b));
+  return k.c * (k.a * expf(arg) - k.b);
 }
 
 // Pass 2: write dlogits for one block's share of a row, reading the body from `cache` (shared
@@ -248,9 +268,9 @@ __device__ void write_grad(const T* __restrict__ x, T* __restrict__ d, const Spa
   const int tid = threadIdx.x, nt = blockDim.x;
   const T zero = Ty<T>::from_f(0.f);
   for (int64_t j = tid; j < sp.head_hi; j += nt)
-    d[j] = k.zero ? zero : Ty<T>::from_f(grad_elem<T>(Ty<T>::to_f(x[j]), j == y, k));
+    d[j] = k.zero ? zero : Ty<T>::from_f(grad_elem(Ty<T>::to_f(x[j]), j == y, k));
   for (int64_t j = sp.tail_lo + tid; j < sp.tail_hi; j += nt)
-    d[j] = k.zero ? zero : Ty<T>::from_f(grad_elem<T>(Ty<T>::to_f(x[j]), j == y, k));
+    d[j] = k.zero ? zero : Ty<T>::from_f(grad_elem(Ty<T>::to_f(x[j]), j == y, k));
   if (sp.w > 1) {
     constexpr int W = Ty<T>::VEC;
     for (int64_t i0 = sp.v0 + tid; i0 < sp.v1; i0 += (int64_t)kUnroll * nt) {
@@ -274,7 +294,7 @@ __device__ void write_grad(const T* __restrict__ x, T* __restrict__ d, const Spa
         } else {
           Ty<T>::unpack(u[q], v);
 #pragma unroll
-          for (int e = 0; e < W; ++e) o[e] = grad_elem<T>(v[e], j0 + e == y, k);
+          for (int e = 0; e < W; ++e) o[e] = grad_elem(v[e], j0 + e == y, k);
         }
         __stcs(reinterpret_cast<uint4*>(d + j0), Ty<T>::pack(o));
       }
@@ -283,12 +303,12 @@ __device__ void write_grad(const T* __restrict__ x, T* __restrict__ d, const Spa
     for (int64_t i = sp.v0 + tid; i < sp.v1; i += nt) {
       const int64_t j = sp.base + i;
       d[j] = k.zero ? zero
-                    : Ty<T>::from_f(grad_elem<T>(Ty<T>::to_f(cache ? cache[i - sp.v0] : x[j]), j == y, k));
+                    : Ty<T>::from_f(grad_elem(Ty<T>::to_f(cache ? cache[i - sp.v0] : x[j]), j == y, k));
     }
   }
 }
 
-__device__ __forceinline__ Coef make_coef(float m, float logs, bool valid, bool in_range, float gD,
+__host__ __device__ __forceinline__ Coef make_coef(float m, float logs, bool valid, bool in_range, float gD,
                                           float eps, float lam, int64_t V) {
   Coef k;
   k.m = m;
@@ -361,7 +381,7 @@ xent_rows_kernel(const T* __restrict__ logits, int64_t V, int64_t ls, const int6
       }
     }
 #ifdef XENT_KAHAN
-    acc.s -= comp;
+    acc.r -= comp;
 #endif
   }
   MS tot = block_reduce(acc, wbuf, &red);
@@ -373,7 +393,7 @@ xent_rows_kernel(const T* __restrict__ logits, int64_t V, int64_t ls, const int6
       ms_merge(tot, *reinterpret_cast<const MS*>(__cluster_map_shared_rank(&red, (unsigned)r)));
     __cluster_barrier_arrive();  // done reading the others' `red`; waited for before exit
   }
-  const float m = tot.m, logs = logf(tot.s);
+  const float m = tot.m, logs = log1pf(tot.r);
   if (part == 0 && tid == 0) {
     stats[row] = make_float2(m, logs);
     float l = 0.f;
