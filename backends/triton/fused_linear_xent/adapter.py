@@ -1,0 +1,36 @@
+"""Registers the two Triton backends of ``fused_linear_xent`` (no triton import here)."""
+
+from harness import Backend, register_backend
+from harness.registry import interpreted
+
+_DIR = "backends/triton/fused_linear_xent/"
+# token tile, vocabulary tile (LSE partials and dZ pass), hidden tile; wrapper.INTERPRETER / GPU
+BLOCKS = {"BLOCK_N": 16, "BLOCK_V": 128, "BLOCK_H": 16} if interpreted() else \
+    {"BLOCK_N": 128, "BLOCK_V": 256, "BLOCK_H": 256}
+
+
+def _skip(case, dtype: str, device: str) -> str | None:
+    if device == "cpu" and dtype == "bfloat16":
+        return "bf16 tl.dot is wrong in the Triton interpreter"
+    return None
+
+
+for _name, _impl, _desc in (
+    ("triton", "fused_linear_xent_fast",
+     "Triton, fast mode: token chunks; float32 logits with online-LSE partials, dZ formed once per chunk "
+     "(in place over the logits), dweight += dZ^T h into a float32 [V, H] buffer, dhidden = dZ W; "
+     "Triton GEMMs with float32 accumulation. 6*N*H*V FLOPs for mean/sum without an LSE output "
+     "(gradients formed in the forward, scaled by g/D in the backward); reduction='none' or an LSE "
+     "output recompute the chunks in the backward (8*N*H*V). Extra memory ~ V*H*4 + chunk*V*4."),
+    ("triton-lean", "fused_linear_xent_lean",
+     "Triton, lean mode: vocabulary outer; forward LSE pass (logits never stored), backward per "
+     "vocabulary slab recomputes the logits of all tokens into dZ, finishes that dweight slab in one "
+     "float32 GEMM over all tokens, adds dZ W_slab to a float32 [N, H] accumulator. 8*N*H*V FLOPs, "
+     "no V*H float32 buffer."),
+):
+    register_backend(Backend(
+        operator="fused_linear_xent", name=_name, impl=f".wrapper:{_impl}", package=__package__,
+        devices=("cuda", "cpu"), interpret=True, requires=("triton",),
+        dtypes=("float32", "bfloat16", "float16"), blocks=dict(BLOCKS), skip=_skip,
+        sources=tuple(_DIR + f for f in ("kernels.py", "wrapper.py", "adapter.py")),
+        deterministic=True, matmul_precision="ieee", description=_desc))

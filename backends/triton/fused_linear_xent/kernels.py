@@ -1,0 +1,342 @@
+"""Triton kernels of the fused linear cross-entropy (specs/xent.md).
+
+Naming: T tokens (rows of hidden), V vocabulary entries (rows of weight), H hidden features.
+GEMM kernels share one main loop (``_mm``) and differ in their epilogues: logits with online-LSE
+partials (``_logits_kernel``), logits turned straight into dZ (``_dz_gemm_kernel``, lean mode),
+``dweight = dZ^T @ hidden`` (``_dw_kernel``) and ``dhidden = dZ @ weight`` (``_dh_kernel``).
+All accumulation is float32; dZ is rounded to the input dtype only as a GEMM operand.
+
+The fast mode keeps a chunk's float32 logits in a [C, V] buffer and overwrites it in place with dZ
+in the input dtype. With 16-bit dZ, the dZ tile of vocabulary block j (width GAP) is stored in the
+first half of the bytes of its own float32 tile, so element (t, v) of dZ lives at
+``t * row_stride + v + (v // GAP) * GAP``: no tile ever writes over another tile's logits.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tile_ids(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr):
+    """Grouped program order: GROUP row blocks walk the column blocks together (L2 reuse)."""
+    pid = tl.program_id(0)
+    n_m = tl.cdiv(M, BM)
+    n_n = tl.cdiv(N, BN)
+    width = GROUP * n_n
+    first = (pid // width) * GROUP
+    size = tl.minimum(n_m - first, GROUP)
+    pid_m = first + (pid % width) % size
+    pid_n = (pid % width) // size
+    return pid_m, pid_n
+
+
+@triton.jit
+def _mm(a_ptr, b_ptr, rm, rn, M, N, K, s_am, s_ak, s_bk, s_bn, acc,
+        BK: tl.constexpr, KGAP: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr):
+    """acc += A[rm, :K] @ B[:K, rn] with float32 accumulation; A's K index may carry dZ gaps."""
+    rk = tl.arange(0, BK)
+    a_rows = a_ptr + rm.to(tl.int64)[:, None] * s_am
+    b_cols = b_ptr + rn.to(tl.int64)[None, :] * s_bn
+    mask_m = rm[:, None] < M
+    mask_n = rn[None, :] < N
+    for k0 in range(0, K, BK):
+        ka = k0
+        if KGAP > 0:
+            ka = k0 + (k0 // KGAP) * KGAP
+        if EVEN_K:
+            a = tl.load(a_rows + (ka + rk)[None, :] * s_ak, mask=mask_m, other=0.0)
+            b = tl.load(b_cols + (k0 + rk)[:, None] * s_bk, mask=mask_n, other=0.0)
+        else:
+            a = tl.load(a_rows + (ka + rk)[None, :] * s_ak, mask=mask_m & ((k0 + rk)[None, :] < K), other=0.0)
+            b = tl.load(b_cols + (k0 + rk)[:, None] * s_bk, mask=mask_n & ((k0 + rk)[:, None] < K), other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PREC)
+    return acc
+
+
+@triton.jit
+def _softcap(x, cap):
+    """cap * tanh(x / cap); the series below |u| = 1/4 keeps full relative precision there,
+    where 1 - exp(-2|u|) would cancel (libdevice.tanh is not available in the interpreter)."""
+    u = x / cap
+    au = tl.abs(u)
+    e = tl.exp(-2.0 * au)
+    u2 = u * u
+    series = au * (1.0 + u2 * (-1.0 / 3.0 + u2 * (2.0 / 15.0 + u2 * (-17.0 / 315.0 + u2 * (62.0 / 2835.0)))))
+    t = tl.where(au < 0.25, series, (1.0 - e) / (1.0 + e))
+    return cap * tl.where(u < 0, -t, t)
+
+
+@triton.jit
+def _logits(acc, b_ptr, rn, V, s_b, cap, HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr):
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn * s_b, mask=rn < V, other=0.0).to(tl.float32)[None, :]
+    if SOFTCAP:
+        acc = _softcap(acc, cap)
+    return acc
+
+
+@triton.jit
+def _row_coef(rows, rmask, y_ptr, s_y, g_ptr, s_g, den_ptr, glse_ptr, s_gl, ignore_index,
+              G_ROWS: tl.constexpr, SCALED: tl.constexpr, HAS_GLSE: tl.constexpr):
+    """Targets, loss-path factor mu_i * g_i / D and LSE upstream gradient of a block of rows.
+
+    SCALED=False leaves g / D out (mean/sum with a scalar g): the finished float32 sums are scaled
+    once instead, which also keeps 16-bit dZ clear of underflow when D is large.
+    """
+    y = tl.load(y_ptr + rows * s_y, mask=rmask, other=ignore_index)
+    valid = (y != ignore_index) & rmask
+    if SCALED:
+        den = tl.load(den_ptr)
+        if G_ROWS:
+            g = tl.load(g_ptr + rows * s_g, mask=rmask, other=0.0).to(tl.float32)
+        else:
+            g = tl.load(g_ptr).to(tl.float32)
+        # D = 0 (every token ignored under mean): the gradient is exactly 0, not 0 * inf
+        coef = tl.where(valid, tl.where(den > 0, g / den, 0.0), 0.0)
+    else:
+        coef = tl.where(valid, 1.0, 0.0)
+    if HAS_GLSE:
+        gl = tl.load(glse_ptr + rows * s_gl, mask=rmask, other=0.0).to(tl.float32)
+    else:
+        gl = tl.zeros_like(coef)
+    return y, coef, gl
+
+
+@triton.jit
+def _dz(z, cols, y, lse, coef, gl, eps, lam, inv_v, cap, SOFTCAP: tl.constexpr):
+    """dZ of specs/xent.md for a tile of (softcapped) logits, then through the softcap."""
+    p = tl.exp(z - lse[:, None])
+    a = coef * (1.0 + 2.0 * lam * lse) + gl
+    hit = cols[None, :] == y[:, None]
+    # the true-class term is subtracted in float32, before any rounding (p_y -> 1 cancels)
+    dz = a[:, None] * p - tl.where(hit, (coef * (1.0 - eps))[:, None], 0.0) - (coef * eps * inv_v)[:, None]
+    if SOFTCAP:
+        t = z / cap
+        dz = dz * (1.0 - t * t)
+    return dz
+
+
+@triton.jit
+def _logits_kernel(h_ptr, w_ptr, b_ptr, y_ptr, z_ptr, pm_ptr, ps_ptr, pz_ptr, zy_ptr,
+                   T, V, H, s_ht, s_hk, s_wv, s_wk, s_b, s_y, s_zt, s_p, cap,
+                   HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, STORE_Z: tl.constexpr,
+                   EVEN_K: tl.constexpr, PREC: tl.constexpr,
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+    """Logits tile z = h @ W^T (+ bias, softcap): per-row max, sum-exp and sum of z over the tile,
+    the target logit, and (fast mode) the float32 logits themselves."""
+    pid_m, pid_n = _tile_ids(T, V, BM, BN, GROUP)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, 0, EVEN_K, PREC)
+    z = _logits(acc, b_ptr, rn, V, s_b, cap, HAS_BIAS, SOFTCAP)
+    rmask = rm < T
+    cmask = rn < V
+    mask = rmask[:, None] & cmask[None, :]
+    if STORE_Z:
+        tl.store(z_ptr + rm.to(tl.int64)[:, None] * s_zt + rn[None, :], z, mask=mask)
+    zm = tl.where(cmask[None, :], z, float("-inf"))
+    m = tl.max(zm, 1)
+    s = tl.sum(tl.exp(zm - m[:, None]), 1)
+    sz = tl.sum(tl.where(cmask[None, :], z, 0.0), 1)
+    poff = rm.to(tl.int64) * s_p + pid_n
+    tl.store(pm_ptr + poff, m, mask=rmask)
+    tl.store(ps_ptr + poff, s, mask=rmask)
+    tl.store(pz_ptr + poff, sz, mask=rmask)
+    y = tl.load(y_ptr + rm * s_y, mask=rmask, other=-1)
+    zy = tl.sum(tl.where(rn[None, :] == y[:, None], z, 0.0), 1)
+    mine = rmask & (y >= pid_n * BN) & (y < pid_n * BN + BN) & (y < V)
+    tl.store(zy_ptr + rm, zy, mask=mine)
+
+
+@triton.jit
+def _row_stats_kernel(pm_ptr, ps_ptr, pz_ptr, zy_ptr, y_ptr, lse_ptr, lt_ptr, T, NT, s_p, s_y,
+                      ignore_index, eps, lam, inv_v, BR: tl.constexpr, BT: tl.constexpr):
+    """Combines the per-tile partials of rows into LSE_i and the masked per-token loss mu_i * l_i."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    rmask = rows < T
+    m = tl.full((BR,), float("-inf"), tl.float32)
+    s = tl.zeros((BR,), dtype=tl.float32)
+    sz = tl.zeros((BR,), dtype=tl.float32)
+    for t0 in range(0, NT, BT):
+        cols = t0 + tl.arange(0, BT)
+        mask = rmask[:, None] & (cols[None, :] < NT)
+        off = rows.to(tl.int64)[:, None] * s_p + cols[None, :]
+        pm = tl.load(pm_ptr + off, mask=mask, other=float("-inf"))
+        ps = tl.load(ps_ptr + off, mask=mask, other=0.0)
+        sz += tl.sum(tl.load(pz_ptr + off, mask=mask, other=0.0), 1)
+        m_new = tl.maximum(m, tl.max(pm, 1))
+        # rows past T stay at -inf; keep their exponents finite instead of NaN
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(m - m_ref) + tl.sum(ps * tl.exp(pm - m_ref[:, None]), 1)
+        m = m_new
+    lse = m + tl.log(s)
+    y = tl.load(y_ptr + rows * s_y, mask=rmask, other=ignore_index)
+    valid = (y != ignore_index) & rmask
+    zy = tl.load(zy_ptr + rows, mask=valid, other=0.0)
+    loss = lse - (1.0 - eps) * zy - eps * inv_v * sz + lam * lse * lse
+    tl.store(lse_ptr + rows, lse, mask=rmask)
+    tl.store(lt_ptr + rows, tl.where(valid, loss, 0.0), mask=rmask)
+
+
+@triton.jit
+def _loss_kernel(lt_ptr, y_ptr, out_ptr, den_ptr, T, s_y, ignore_index, norm,
+                 MEAN: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK: tl.constexpr):
+    """Deterministic reduction of the per-token losses; also stores the divisor D for the backward."""
+    tot = tl.zeros((BLOCK,), dtype=tl.float32)
+    cnt = tl.zeros((BLOCK,), dtype=tl.float32)
+    for t0 in range(0, T, BLOCK):
+        rows = t0 + tl.arange(0, BLOCK)
+        rmask = rows < T
+        tot += tl.load(lt_ptr + rows, mask=rmask, other=0.0)
+        y = tl.load(y_ptr + rows * s_y, mask=rmask, other=ignore_index)
+        cnt += tl.where(y != ignore_index, 1.0, 0.0)
+    if MEAN:
+        if HAS_NORM:
+            den = norm
+        else:
+            den = tl.sum(cnt, 0)
+    else:
+        den = 1.0
+    # every token ignored under mean: 0 / 0 = NaN, as torch does
+    tl.store(out_ptr, tl.sum(tot, 0) / den)
+    tl.store(den_ptr, den)
+
+
+@triton.jit
+def _dz_chunk_kernel(z_ptr, dz_ptr, y_ptr, lse_ptr, g_ptr, glse_ptr, den_ptr, dbp_ptr,
+                     T, V, s_zt, s_dzt, s_y, s_g, s_gl, s_dbp, ignore_index, eps, lam, inv_v, cap,
+                     G_ROWS: tl.constexpr, SCALED: tl.constexpr, HAS_GLSE: tl.constexpr,
+                     SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, GAPPED: tl.constexpr,
+                     BR: tl.constexpr, BV: tl.constexpr):
+    """Fast mode: float32 logits of a chunk -> dZ in the GEMM dtype, in place (see module doc);
+    with a bias, also the column sums of the float32 dZ of this row block."""
+    pid_r = tl.program_id(0)
+    pid_v = tl.program_id(1)
+    rows = pid_r * BR + tl.arange(0, BR)
+    cols = pid_v * BV + tl.arange(0, BV)
+    rmask = rows < T
+    mask = rmask[:, None] & (cols[None, :] < V)
+    z = tl.load(z_ptr + rows.to(tl.int64)[:, None] * s_zt + cols[None, :], mask=mask, other=0.0)
+    lse = tl.load(lse_ptr + rows, mask=rmask, other=0.0)
+    y, coef, gl = _row_coef(rows, rmask, y_ptr, s_y, g_ptr, s_g, den_ptr, glse_ptr, s_gl, ignore_index,
+                            G_ROWS, SCALED, HAS_GLSE)
+    dz = tl.where(mask, _dz(z, cols, y, lse, coef, gl, eps, lam, inv_v, cap, SOFTCAP), 0.0)
+    if HAS_BIAS:
+        tl.store(dbp_ptr + pid_r * s_dbp + cols, tl.sum(dz, 0), mask=cols < V)
+    # dZ overwrites this tile's own logits: every thread must have read them first
+    tl.debug_barrier()
+    dcols = cols
+    if GAPPED:  # 16-bit dZ: the gap width is this kernel's BV
+        dcols = cols + pid_v * BV
+    tl.store(dz_ptr + rows.to(tl.int64)[:, None] * s_dzt + dcols[None, :],
+             dz.to(dz_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dz_gemm_kernel(h_ptr, w_ptr, b_ptr, y_ptr, lse_ptr, g_ptr, glse_ptr, den_ptr, dz_ptr, dbp_ptr,
+                    T, V, H, v_off, s_ht, s_hk, s_wv, s_wk, s_b, s_y, s_g, s_gl, s_dzt, s_dbp,
+                    ignore_index, eps, lam, inv_v, cap,
+                    G_ROWS: tl.constexpr, SCALED: tl.constexpr, HAS_GLSE: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+    """Lean mode: logits of a vocabulary slab recomputed and turned into dZ in the epilogue
+    (LSE known from the forward); with a bias, column sums of this row block's float32 dZ."""
+    pid_m, pid_n = _tile_ids(T, V, BM, BN, GROUP)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, 0, EVEN_K, PREC)
+    z = _logits(acc, b_ptr, rn, V, s_b, cap, HAS_BIAS, SOFTCAP)
+    rmask = rm < T
+    mask = rmask[:, None] & (rn[None, :] < V)
+    lse = tl.load(lse_ptr + rm, mask=rmask, other=0.0)
+    y, coef, gl = _row_coef(rm, rmask, y_ptr, s_y, g_ptr, s_g, den_ptr, glse_ptr, s_gl, ignore_index,
+                            G_ROWS, SCALED, HAS_GLSE)
+    dz = tl.where(mask, _dz(z, rn + v_off, y, lse, coef, gl, eps, lam, inv_v, cap, SOFTCAP), 0.0)
+    if HAS_BIAS:
+        tl.store(dbp_ptr + pid_m * s_dbp + rn, tl.sum(dz, 0), mask=rn < V)
+    tl.store(dz_ptr + rm.to(tl.int64)[:, None] * s_dzt + rn[None, :], dz.to(dz_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _scale(g_ptr, den_ptr, APPLY_G: tl.constexpr):
+    """g / D for results computed with the loss gradient folded out (0 when D = 0)."""
+    if APPLY_G:
+        den = tl.load(den_ptr)
+        return tl.where(den > 0, tl.load(g_ptr).to(tl.float32) / den, 0.0)
+    else:
+        return 1.0
+
+
+@triton.jit
+def _dw_kernel(dz_ptr, h_ptr, acc_ptr, out_ptr, g_ptr, den_ptr, V, H, T, s_dzt, s_ht, s_hk, s_acc, s_out,
+               MODE: tl.constexpr, APPLY_G: tl.constexpr, GAP: tl.constexpr, EVEN_K: tl.constexpr,
+               PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+    """dweight tile = dZ^T @ hidden over T tokens. MODE 0: store into the float32 accumulator,
+    1: add to it (later chunks), 2: finished here, scaled and stored in the output dtype."""
+    pid_m, pid_n = _tile_ids(V, H, BM, BN, GROUP)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    a_ptr = dz_ptr
+    if GAP > 0:
+        a_ptr = dz_ptr + ((pid_m * BM) // GAP) * GAP
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    acc = _mm(a_ptr, h_ptr, rm, rn, V, H, T, 1, s_dzt, s_ht, s_hk, acc, BK, 0, EVEN_K, PREC)
+    mask = (rm[:, None] < V) & (rn[None, :] < H)
+    if MODE == 2:
+        acc = acc * _scale(g_ptr, den_ptr, APPLY_G)
+        tl.store(out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        offs = rm.to(tl.int64)[:, None] * s_acc + rn[None, :]
+        if MODE == 1:
+            acc += tl.load(acc_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(acc_ptr + offs, acc.to(acc_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dh_kernel(dz_ptr, w_ptr, acc_ptr, out_ptr, g_ptr, den_ptr, T, H, V, s_dzt, s_wv, s_wk, s_acc, s_out,
+               MODE: tl.constexpr, APPLY_G: tl.constexpr, GAP: tl.constexpr, EVEN_K: tl.constexpr,
+               PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+    """dhidden tile = dZ @ weight over V vocabulary entries. MODE 0: store float32, 1: add to the
+    float32 accumulator, 2: scaled into the output, 3: accumulator + this tile, scaled into the output."""
+    pid_m, pid_n = _tile_ids(T, H, BM, BN, GROUP)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    acc = _mm(dz_ptr, w_ptr, rm, rn, T, H, V, s_dzt, 1, s_wv, s_wk, acc, BK, GAP, EVEN_K, PREC)
+    mask = (rm[:, None] < T) & (rn[None, :] < H)
+    offs = rm.to(tl.int64)[:, None] * s_acc + rn[None, :]
+    if MODE == 1 or MODE == 3:
+        acc += tl.load(acc_ptr + offs, mask=mask, other=0.0)
+    if MODE >= 2:
+        acc = acc * _scale(g_ptr, den_ptr, APPLY_G)
+        tl.store(out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(acc_ptr + offs, acc, mask=mask)
+
+
+@triton.jit
+def _colsum_kernel(part_ptr, acc_ptr, R, V, s_p, ACCUM: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr):
+    """dbias partials [R, V] summed over their rows into a float32 accumulator, in a fixed order."""
+    cols = tl.program_id(0) * BV + tl.arange(0, BV)
+    cmask = cols < V
+    tot = tl.zeros((BV,), dtype=tl.float32)
+    for r0 in range(0, R, BR):
+        rows = r0 + tl.arange(0, BR)
+        mask = (rows[:, None] < R) & cmask[None, :]
+        tot += tl.sum(tl.load(part_ptr + rows.to(tl.int64)[:, None] * s_p + cols[None, :], mask=mask, other=0.0), 0)
+    if ACCUM:
+        tot += tl.load(acc_ptr + cols, mask=cmask, other=0.0)
+    tl.store(acc_ptr + cols, tot, mask=cmask)
+
+
+@triton.jit
+def _cast_kernel(src_ptr, dst_ptr, n, g_ptr, den_ptr, APPLY_G: tl.constexpr, BLOCK: tl.constexpr):
+    """dst = src * (g / D) in dst's dtype: float32 accumulators into the returned gradients."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(src_ptr + offs, mask=mask, other=0.0).to(tl.float32) * _scale(g_ptr, den_ptr, APPLY_G)
+    tl.store(dst_ptr + offs, x.to(dst_ptr.dtype.element_ty), mask=mask)

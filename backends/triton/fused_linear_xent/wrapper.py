@@ -1,0 +1,334 @@
+"""Launch helpers, the autograd Function and the user-facing ``fused_linear_xent`` of the Triton backends.
+
+Two modes (specs/xent.md, "two honest designs"):
+
+* ``fast``: token chunks. Per chunk, float32 logits with online-LSE partials, dZ once (in place over
+  the logits, in the GEMM dtype), dweight += dZ^T @ h into a float32 [V, H] buffer and
+  dhidden = dZ @ W: 6*N*H*V FLOPs. With reduction mean/sum and no LSE output the gradients are
+  formed in the forward with the upstream gradient g folded out and scaled by g / D in the backward;
+  otherwise (per-token or LSE upstream gradients) the backward runs the chunks: 8*N*H*V.
+* ``lean``: vocabulary outer. The forward is an LSE pass; the backward recomputes the logits of each
+  vocabulary slab for all tokens, finishes that slab of dweight in one float32 GEMM over all tokens
+  and adds dZ @ W_slab to a float32 [N, H] accumulator: 8*N*H*V FLOPs, no V*H float32 buffer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from . import kernels as K
+
+Tensor = torch.Tensor
+F32 = torch.float32
+REDUCTIONS = ("mean", "sum", "none")
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """Tile of one GEMM kernel and its launch parameters."""
+
+    BM: int
+    BN: int
+    BK: int
+    GROUP: int
+    warps: int = 8
+    stages: int = 3
+
+
+@dataclass(frozen=True)
+class Config:
+    chunk: int  # tokens per chunk (fast mode, and the forward LSE pass of both modes)
+    slab: int  # vocabulary entries per slab (lean backward)
+    vblock: int  # vocabulary tile of the dZ pass; 16-bit dZ gaps are this wide
+    rows: int  # token rows per program of the dZ pass
+    logits: Gemm
+    dw: Gemm
+    dh: Gemm
+    dzg: Gemm
+
+
+# Interpreter blocks are small so that the CPU sizes of the tests and presets span several of each.
+# adapter.py repeats BLOCK_N / BLOCK_V / BLOCK_H (it must not import this module); a test checks it.
+INTERPRETER = Config(chunk=16, slab=256, vblock=128, rows=16, logits=Gemm(16, 128, 16, 2),
+                     dw=Gemm(128, 16, 16, 1), dh=Gemm(16, 16, 64, 2), dzg=Gemm(16, 128, 16, 2))
+GPU = Config(chunk=2048, slab=8192, vblock=256, rows=16, logits=Gemm(128, 256, 64, 16),
+             dw=Gemm(128, 256, 64, 1), dh=Gemm(128, 256, 64, 8), dzg=Gemm(128, 256, 64, 8))
+
+
+def default_config(device: torch.device) -> Config:
+    return GPU if device.type == "cuda" else INTERPRETER
+
+
+@dataclass
+class _Opts:
+    ignore_index: int
+    reduction: str
+    eps: float
+    lam: float
+    cap: float | None
+    normalizer: float | None
+
+    def row_args(self, V: int) -> tuple:
+        return self.ignore_index, self.eps, self.lam, 1.0 / V, float(self.cap or 1.0)
+
+
+@dataclass
+class _Grad:
+    """Upstream gradients of one backward pass, as the dZ kernels and GEMM epilogues take them."""
+
+    g: Tensor  # scalar (mean/sum) or [N] (none)
+    glse: Tensor | None
+    den: Tensor  # D of the mean (1 for sum/none), from the forward
+    fold: bool  # g / D applied to the finished float32 sums instead of to dZ
+
+    def dz_args(self, t0: int) -> tuple[tuple, dict]:
+        rows = self.g.dim() == 1
+        g = self.g[t0:] if rows else self.g
+        gl = self.glse[t0:] if self.glse is not None else g
+        return (g, gl, self.den), (g.stride(0) if rows else 0, gl.stride(0) if gl.dim() else 0), \
+            dict(G_ROWS=rows, SCALED=not self.fold, HAS_GLSE=self.glse is not None)
+
+    def scale_args(self) -> tuple[Tensor, Tensor]:
+        return self.g, self.den
+
+
+def _or(t: Tensor | None, dummy: Tensor) -> Tensor:
+    """Absent optional tensors are passed as a dummy pointer that the kernel's flags never touch."""
+    return t if t is not None else dummy
+
+
+def _s0(t: Tensor | None) -> int:
+    return t.stride(0) if t is not None else 0
+
+
+def _launch(kernel, grid, gemm: Gemm | None, *args, **const) -> None:
+    if gemm is not None:
+        const.update(BM=gemm.BM, BN=gemm.BN, BK=gemm.BK, GROUP=gemm.GROUP, num_warps=gemm.warps,
+                     num_stages=gemm.stages)
+    kernel[grid](*args, **const)
+
+
+def _grid(M: int, N: int, g: Gemm) -> tuple[int]:
+    return (triton.cdiv(M, g.BM) * triton.cdiv(N, g.BN),)
+
+
+# float32 inputs get true float32 products (no TF32); 16-bit inputs ignore it
+PREC = "ieee"
+
+
+def _logits(h, W, b, y, z, st, o: _Opts, cfg: Config) -> None:
+    (T, H), V, g = h.shape, W.shape[0], cfg.logits
+    pm, ps, pz, zy = st
+    _launch(K._logits_kernel, _grid(T, V, g), g, h, W, _or(b, pm), y, _or(z, pm), pm, ps, pz, zy, T, V, H,
+            h.stride(0), h.stride(1), W.stride(0), W.stride(1), _s0(b), y.stride(0), _s0(z), pm.stride(0),
+            float(o.cap or 1.0), HAS_BIAS=b is not None, SOFTCAP=o.cap is not None, STORE_Z=z is not None,
+            EVEN_K=H % g.BK == 0, PREC=PREC)
+
+
+def _row_stats(st, y, lse, lt, V: int, o: _Opts) -> None:
+    pm, ps, pz, zy = st
+    T = y.shape[0]
+    _launch(K._row_stats_kernel, (triton.cdiv(T, 16),), None, pm, ps, pz, zy, y, lse, lt, T, pm.shape[1],
+            pm.stride(0), y.stride(0), o.ignore_index, o.eps, o.lam, 1.0 / V, BR=16, BT=64, num_warps=4)
+
+
+def _dw(dz, gap: int, h, acc, out, gr: _Grad | None, mode: int, cfg: Config) -> None:
+    """dweight rows of dZ's vocabulary range: into ``acc`` (float32, mode 0/1) or ``out`` (mode 2)."""
+    (T, H), V, g = h.shape, _or(acc, out).shape[0], cfg.dw
+    dummy = _or(acc, out)
+    g_ptr, den_ptr = gr.scale_args() if gr is not None else (dummy, dummy)
+    _launch(K._dw_kernel, _grid(V, H, g), g, dz, h, dummy, _or(out, dummy), g_ptr, den_ptr, V, H, T,
+            dz.stride(0), h.stride(0), h.stride(1), _s0(acc), _s0(out), MODE=mode,
+            APPLY_G=gr is not None and gr.fold, GAP=gap, EVEN_K=T % g.BK == 0, PREC=PREC)
+
+
+def _dh(dz, gap: int, W, acc, out, gr: _Grad | None, mode: int, cfg: Config) -> None:
+    """dhidden = dZ @ W over W's rows: modes of kernels._dh_kernel."""
+    T, (V, H), g = _or(acc, out).shape[0], W.shape, cfg.dh
+    dummy = _or(acc, out)
+    g_ptr, den_ptr = gr.scale_args() if gr is not None else (dummy, dummy)
+    _launch(K._dh_kernel, _grid(T, H, g), g, dz, W, dummy, _or(out, dummy), g_ptr, den_ptr, T, H, V,
+            dz.stride(0), W.stride(0), W.stride(1), _s0(acc), _s0(out), MODE=mode,
+            APPLY_G=gr is not None and gr.fold, GAP=gap, EVEN_K=V % g.BK == 0, PREC=PREC)
+
+
+def _colsum(part, rows: int, acc, accumulate: bool) -> None:
+    V = acc.shape[0]
+    _launch(K._colsum_kernel, (triton.cdiv(V, 256),), None, part, acc, rows, V, part.stride(0),
+            ACCUM=accumulate, BR=8, BV=256, num_warps=4)
+
+
+def _cast(src: Tensor, dtype: torch.dtype, gr: _Grad) -> Tensor:
+    out = torch.empty(src.shape, dtype=dtype, device=src.device)
+    n = src.numel()
+    _launch(K._cast_kernel, (triton.cdiv(n, 4096),), None, src, out, n, *gr.scale_args(), APPLY_G=gr.fold,
+            BLOCK=4096, num_warps=8)
+    return out
+
+
+def _chunks(h, W, b, y, o: _Opts, cfg: Config, lse, lt, gr: _Grad | None = None, dh=None, dh_mode=0):
+    """The token-chunk pass: LSE and per-token loss, and with ``gr`` the fast-mode gradients
+    (dhidden rows into ``dh``: float32 with dh_mode 0, the output with dh_mode 2).
+
+    Returns the float32 dweight and dbias accumulators (None without ``gr``)."""
+    T, V = h.shape[0], W.shape[0]
+    C = min(cfg.chunk, T)
+    nt = triton.cdiv(V, cfg.logits.BN)
+    st = [torch.empty((C, nt), dtype=F32, device=h.device) for _ in range(3)] + \
+        [torch.empty((C,), dtype=F32, device=h.device)]
+    z = dz = dbp = dw = db = None
+    if gr is not None:
+        z = torch.empty((C, V), dtype=F32, device=h.device)
+        dz = z.view(h.dtype)
+        gap = cfg.vblock if dz.element_size() < 4 else 0
+        dw = torch.empty(W.shape, dtype=torch.float32, device=h.device)  # dweight: float32 across chunks
+        if b is not None:
+            dbp = torch.empty((triton.cdiv(C, cfg.rows), V), dtype=F32, device=h.device)
+            db = torch.empty((V,), dtype=F32, device=h.device)
+    for t0 in range(0, T, C):
+        c = min(C, T - t0)
+        hc, yc = h[t0:t0 + c], y[t0:t0 + c]
+        _logits(hc, W, b, yc, z, st, o, cfg)
+        _row_stats(st, yc, lse[t0:t0 + c], lt[t0:t0 + c], V, o)
+        if gr is None:
+            continue
+        ptrs, strides, flags = gr.dz_args(t0)
+        _launch(K._dz_chunk_kernel, (triton.cdiv(c, cfg.rows), triton.cdiv(V, cfg.vblock)), None, z, dz, yc,
+                lse[t0:], *ptrs, _or(dbp, z), c, V, z.stride(0), dz.stride(0), yc.stride(0), *strides,
+                _s0(dbp), *o.row_args(V), SOFTCAP=o.cap is not None, HAS_BIAS=b is not None,
+                GAPPED=gap > 0, BR=cfg.rows, BV=cfg.vblock, num_warps=4, **flags)
+        _dw(dz, gap, hc, dw, None, None, 0 if t0 == 0 else 1, cfg)
+        _dh(dz, gap, W, dh[t0:t0 + c] if dh_mode == 0 else None, dh[t0:t0 + c] if dh_mode == 2 else None,
+            gr, dh_mode, cfg)
+        if b is not None:
+            _colsum(dbp, triton.cdiv(c, cfg.rows), db, accumulate=t0 > 0)
+    return dw, db
+
+
+def _lean_backward(h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Config):
+    (T, H), V, g = h.shape, W.shape[0], cfg.dzg
+    S = min(cfg.slab, V)
+    n_slabs = triton.cdiv(V, S)
+    dz = torch.empty((T, S), dtype=h.dtype, device=h.device)
+    dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+    dw = torch.empty(W.shape, dtype=W.dtype, device=W.device)
+    acc = torch.empty(h.shape, dtype=F32, device=h.device) if n_slabs > 1 else None
+    dbp = torch.empty((triton.cdiv(T, g.BM), V), dtype=F32, device=h.device) if b is not None else None
+    ptrs, strides, flags = gr.dz_args(0)
+    for i, v0 in enumerate(range(0, V, S)):
+        s = min(S, V - v0)
+        Ws = W[v0:v0 + s]
+        bs = b[v0:v0 + s] if b is not None else None
+        dbs = dbp[:, v0:] if dbp is not None else None
+        _launch(K._dz_gemm_kernel, _grid(T, s, g), g, h, Ws, _or(bs, dz), y, lse, *ptrs, dz, _or(dbs, dz),
+                T, s, H, v0, h.stride(0), h.stride(1), Ws.stride(0), Ws.stride(1), _s0(bs), y.stride(0),
+                *strides, dz.stride(0), _s0(dbs), *o.row_args(V), HAS_BIAS=b is not None,
+                SOFTCAP=o.cap is not None, EVEN_K=H % g.BK == 0, PREC=PREC, **flags)
+        _dw(dz, 0, h, None, dw[v0:v0 + s], gr, 2, cfg)
+        mode = 2 if n_slabs == 1 else 0 if i == 0 else 3 if i == n_slabs - 1 else 1
+        _dh(dz, 0, Ws, acc, dh if mode >= 2 else None, gr, mode, cfg)
+    db = None
+    if b is not None:
+        db32 = torch.empty((V,), dtype=F32, device=h.device)
+        _colsum(dbp, dbp.shape[0], db32, accumulate=False)
+        db = _cast(db32, b.dtype, gr)
+    return dh, dw, db
+
+
+class FusedLinearXent(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, o: _Opts,
+                lean: bool, cfg: Config, return_lse: bool) -> tuple[Tensor, Tensor]:
+        ctx.set_materialize_grads(False)
+        T = hidden.shape[0]
+        dev = hidden.device
+        lse = torch.empty((T,), dtype=F32, device=dev)
+        lt = torch.empty((T,), dtype=F32, device=dev)
+        den = torch.empty((), dtype=F32, device=dev)
+        loss = torch.empty((), dtype=F32, device=dev)
+        ctx.pre = None
+        wants = any(ctx.needs_input_grad[:3])
+        if wants and not lean and o.reduction != "none" and not return_lse:
+            # gradients now, with g folded out: the logits are formed once (6*N*H*V)
+            dh32 = torch.empty(hidden.shape, dtype=F32, device=dev)
+            unit = _Grad(loss, None, den, fold=True)  # g and D are read only by the backward's casts
+            dw32, db32 = _chunks(hidden, weight, bias, targets, o, cfg, lse, lt, unit, dh32, 0)
+            ctx.pre = (dh32, dw32, db32)
+        else:
+            _chunks(hidden, weight, bias, targets, o, cfg, lse, lt)
+        _launch(K._loss_kernel, (1,), None, lt, targets, loss, den, T, targets.stride(0), o.ignore_index,
+                float(o.normalizer or 0.0), MEAN=o.reduction == "mean", HAS_NORM=o.normalizer is not None,
+                BLOCK=1024, num_warps=4)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, den)
+        ctx.o, ctx.lean, ctx.cfg = o, lean, cfg
+        ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        return (lt if o.reduction == "none" else loss), lse
+
+    @staticmethod
+    def backward(ctx, g_loss: Tensor | None, g_lse: Tensor | None):
+        hidden, weight, bias, targets, lse, den = ctx.saved_tensors
+        o = ctx.o
+        if g_loss is None:
+            g_loss = torch.zeros(lse.shape if o.reduction == "none" else (), dtype=F32, device=lse.device)
+        gr = _Grad(g_loss, g_lse, den, fold=o.reduction != "none" and g_lse is None)
+        if ctx.pre is not None:
+            dh32, dw32, db32 = ctx.pre
+            ctx.pre = None
+            dh = _cast(dh32, ctx.dtypes[0], gr)
+            del dh32
+            dw = _cast(dw32, ctx.dtypes[1], gr)
+            del dw32
+            db = _cast(db32, ctx.dtypes[2], gr) if db32 is not None else None
+        elif ctx.lean:
+            dh, dw, db = _lean_backward(hidden, weight, bias, targets, lse, gr, o, ctx.cfg)
+        else:
+            dh = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
+            lt = torch.empty_like(lse)
+            lse2 = torch.empty_like(lse)
+            dw32, db32 = _chunks(hidden, weight, bias, targets, o, ctx.cfg, lse2, lt, gr, dh, 2)
+            dw = _cast(dw32, weight.dtype, gr)
+            del dw32
+            db = _cast(db32, bias.dtype, gr) if db32 is not None else None
+        need = ctx.needs_input_grad
+        return (dh if need[0] else None, dw if need[1] else None, db if need[2] else None,
+                None, None, None, None, None)
+
+
+def fused_linear_xent(hidden: Tensor, weight: Tensor, bias: Tensor | None = None,
+                      targets: Tensor | None = None, *, ignore_index: int = -100, reduction: str = "mean",
+                      label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float | None = None,
+                      normalizer: float | None = None, return_lse: bool = False, mode: str = "fast",
+                      config: Config | None = None) -> dict[str, Tensor]:
+    """Cross-entropy of ``hidden @ weight.T (+ bias)`` without materializing the [N, V] logits."""
+    if targets is None:
+        raise ValueError("fused_linear_xent: targets [N] (int64) is required")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r}: expected one of {', '.join(REDUCTIONS)}")
+    if normalizer is not None and reduction != "mean":
+        raise ValueError(f"normalizer={normalizer!r} only applies to reduction='mean', got {reduction!r}")
+    if mode not in ("fast", "lean"):
+        raise ValueError(f"mode={mode!r}: expected 'fast' (6NHV, float32 [V, H] buffer) or 'lean' (8NHV)")
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"expected hidden [N, H] and weight [V, H], got {tuple(hidden.shape)} and "
+                         f"{tuple(weight.shape)}")
+    if hidden.dtype != weight.dtype:
+        raise ValueError(f"hidden ({hidden.dtype}) and weight ({weight.dtype}) must share a dtype")
+    use_norm = normalizer is not None
+    o = _Opts(int(ignore_index), reduction, float(label_smoothing), float(z_loss),
+              float(softcap) if softcap else None, float(normalizer) if use_norm else None)
+    cfg = config or default_config(hidden.device)
+    loss, lse = FusedLinearXent.apply(hidden, weight, bias, targets, o, mode == "lean", cfg, return_lse)
+    return {"loss": loss, "lse": lse} if return_lse else {"loss": loss}
+
+
+def fused_linear_xent_fast(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
+                           **options) -> dict[str, Tensor]:
+    return fused_linear_xent(hidden, weight, bias, targets, mode="fast", **options)
+
+
+def fused_linear_xent_lean(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
+                           **options) -> dict[str, Tensor]:
+    return fused_linear_xent(hidden, weight, bias, targets, mode="lean", **options)
