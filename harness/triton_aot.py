@@ -2,7 +2,8 @@
 
 Each Triton backend package may have ``aot.py`` with ``aot_targets() -> list[dict]``; a target is
 ``{"name", "kernel" (a @triton.jit function), "signature" ({arg: "*fp32" | "i32" | ... |
-"constexpr"}), "constexprs" ({name: value}), "options" (optional: num_warps, num_stages)}``.
+"constexpr"}), "constexprs" ({name: value}), "options" (optional: num_warps, num_stages), "aligned" (optional:
+arguments the JIT would find divisible by 16, pointers or integers; this is what vectorizes)}``.
 Compiling them for sm_90 catches what only the GPU compiler sees (layouts, dot shapes, shared
 memory, ptxas) on a CPU-only CI machine. ``python -m harness.triton_aot`` compiles them all.
 """
@@ -33,7 +34,8 @@ def compile_target(target: dict, arch: int = 90) -> object:
     # Triton renamed ASTSource's `constants` to `constexprs`; accept either release
     params = inspect.signature(ASTSource.__init__).parameters
     key = "constexprs" if "constexprs" in params else "constants"
-    src = ASTSource(fn=fn, signature=dict(target["signature"]), **{key: consts})
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in target.get("aligned", ())}
+    src = ASTSource(fn=fn, signature=dict(target["signature"]), attrs=attrs or None, **{key: consts})
     options = dict(target.get("options") or {})
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options or None)
 

@@ -1,0 +1,1 @@
+"""Triton backend of mhc_pre (specs/mhc_pre.md)."""

@@ -1,0 +1,21 @@
+"""Registers the Triton backend of ``mhc_pre`` (no triton import here)."""
+
+from harness import Backend, register_backend
+from harness.registry import interpreted
+
+_DIR = "backends/triton/mhc_pre/"
+
+register_backend(Backend(
+    operator="mhc_pre", name="triton", impl=".wrapper:mhc_pre_triton", package=__package__,
+    devices=("cuda", "cpu"), interpret=True, requires=("triton",),
+    dtypes=("float32", "bfloat16", "float16"),
+    # tiles of the dx / dphi kernel: BLOCK_ND features of one stream (blocks restart at each stream)
+    # x BLOCK_T tokens; must match wrapper.CPU_CONFIG / GPU_CONFIG (a test checks it)
+    blocks={"BLOCK_ND": 64, "BLOCK_T": 16} if interpreted() else {"BLOCK_ND": 128, "BLOCK_T": 64},
+    skip=lambda case, dtype, device: "bf16 tl.dot is wrong in the Triton interpreter"
+    if device == "cpu" and dtype == "bfloat16" else None,
+    sources=tuple(_DIR + f for f in ("kernels.py", "wrapper.py", "adapter.py")),
+    deterministic=True, matmul_precision="ieee",
+    description="Triton: split-K GEMM + sum of squares on bf16 tensor cores with exact float32 products "
+                "(operands split into bf16 parts), epilogue + h_in; backward: per-token scalars, then "
+                "dx and dphi partials per (stream block, token group), fixed-order reductions"))

@@ -1,0 +1,336 @@
+"""Triton kernels of ``mhc_pre`` (specs/mhc_pre.md): forward GEMM + epilogue, two-phase backward.
+
+Exact float32 GEMMs on bf16 tensor cores: every float32 operand of a dot is split into bf16 parts
+(hi + mid + lo hold all 24 significant bits; bf16 x is exact in one part, fp16 in two). Products of
+parts are exact in float32 and the MMA accumulates in float32, so the skinny GEMMs are as accurate
+as a float32 FMA loop, at tensor-core speed (an FMA loop would be compute bound here). Under the
+interpreter (EMU) the dots are plain float32 dots: its bf16 dot is wrong, and every nested jit call
+costs milliseconds there; tests check the split path on its own (_dot_pp with EMU).
+
+Forward:  _fwd_gemm_kernel  split-K partial h_mix = x @ (phi*gamma)^T and sum of squares per token
+          _fwd_mix_kernel   sums the partials, sigmoid/affine epilogue, h_in = sum_k h_pre_k x_k
+Backward: _bwd_token_kernel per-token scalars: dh_pre = <g_in, x_k>, dh_mix, dinv_rms coefficient,
+                            per-token-block partials of dbias and dalpha
+          _bwd_nd_kernel    (nD block) x (token group): dx, and partials P = dh_mix^T @ x
+          _bwd_reduce_kernel fixed-order sums of the partials (bitwise reproducible, no atomics):
+                            dphi = gamma * P, dgamma = sum_m phi * P, dbias, dalpha
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _mma(a, b, acc, EMU: tl.constexpr):
+    if EMU:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc)
+    return out
+
+
+@triton.jit
+def _parts(a, N: tl.constexpr):
+    """bf16 parts of a tile whose sum is exactly ``a`` (N = 1 only for bf16 data)."""
+    if N == 1:
+        p0 = a.to(tl.bfloat16)
+        p1 = p0
+        p2 = p0
+    elif N == 2:
+        af = a.to(tl.float32)
+        p0 = af.to(tl.bfloat16)
+        p1 = (af - p0.to(tl.float32)).to(tl.bfloat16)
+        p2 = p1
+    else:
+        af = a.to(tl.float32)
+        p0 = af.to(tl.bfloat16)
+        r = af - p0.to(tl.float32)
+        p1 = r.to(tl.bfloat16)
+        p2 = (r - p1.to(tl.float32)).to(tl.bfloat16)
+    return p0, p1, p2
+
+
+@triton.jit
+def _dot_pp(a0, a1, a2, b0, b1, b2, acc, A_PARTS: tl.constexpr, EMU: tl.constexpr):
+    """acc + a @ b from parts; b has three, a has A_PARTS. Terms i + j <= 2, smallest first."""
+    if A_PARTS >= 3:
+        acc = _mma(a2, b0, acc, EMU)
+    if A_PARTS >= 2:
+        acc = _mma(a1, b1, acc, EMU)
+    acc = _mma(a0, b2, acc, EMU)
+    if A_PARTS >= 2:
+        acc = _mma(a1, b0, acc, EMU)
+    acc = _mma(a0, b1, acc, EMU)
+    acc = _mma(a0, b0, acc, EMU)
+    return acc
+
+
+@triton.jit
+def _affine(hm, inv, alpha_ptr, bias_ptr, n, M, MP: tl.constexpr):
+    """t = h_mix * inv_rms and z = alpha[section] * t + bias, for the MP (padded) columns."""
+    m = tl.arange(0, MP)
+    sec = (m >= n).to(tl.int32) + (m >= 2 * n).to(tl.int32)
+    a = tl.load(alpha_ptr + sec)
+    bia = tl.load(bias_ptr + m, mask=m < M, other=0.0)
+    t = hm * inv[:, None]
+    z = a[None, :] * t + bia[None, :]
+    return t, z, a
+
+
+@triton.jit
+def _div(a, b):
+    """IEEE a / b (``/`` compiles to div.full, 2 ulp); b may be a scalar."""
+    return tl.div_rn(a, tl.zeros_like(a) + b)
+
+
+@triton.jit
+def _sigmoid(z):
+    return tl.div_rn(tl.full(z.shape, 1.0, tl.float32), 1.0 + tl.exp(-z))
+
+
+@triton.jit
+def _fwd_gemm_kernel(x_ptr, phi_ptr, gamma_ptr, part_ptr, ssq_ptr,
+                     T, S, n, D, M, KCHUNK,
+                     sxb, sxs, sxn, sxd, sphm, sphj,
+                     HAS_GAMMA: tl.constexpr, X_PARTS: tl.constexpr, MP: tl.constexpr,
+                     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, EMU: tl.constexpr):
+    c = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rmask = rows < T
+    base = (rows // S).to(tl.int64) * sxb + (rows % S).to(tl.int64) * sxs
+    m = tl.arange(0, MP)
+    acc = tl.zeros([BLOCK_T, MP], dtype=tl.float32)
+    # squares summed per lane, reduced once after the loop (no cross-thread reduction per step)
+    sq = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+    # tiles never straddle two streams, so addresses are contiguous along d (vector loads)
+    ndb = tl.cdiv(D, BLOCK_K)
+    it_lo = c * KCHUNK
+    it_hi = tl.minimum(it_lo + KCHUNK, n * ndb)
+    for it in range(it_lo, it_hi):
+        k = it // ndb
+        d = (it - k * ndb) * BLOCK_K + tl.arange(0, BLOCK_K)
+        dm = d < D
+        j = k * D + d
+        xt = tl.load(x_ptr + base[:, None] + (k.to(tl.int64) * sxn + d.to(tl.int64) * sxd)[None, :],
+                     mask=rmask[:, None] & dm[None, :], other=0.0)
+        xf = xt.to(tl.float32)
+        sq += xf * xf
+        w = tl.load(phi_ptr + m[None, :] * sphm + j[:, None] * sphj,
+                    mask=(m[None, :] < M) & dm[:, None], other=0.0)
+        if HAS_GAMMA:
+            w = w * tl.load(gamma_ptr + j, mask=dm, other=0.0)[:, None]
+        if EMU:
+            acc = tl.dot(xf, w, acc, input_precision="ieee")
+        else:
+            x0, x1, x2 = _parts(xt, X_PARTS)
+            w0, w1, w2 = _parts(w, 3)
+            acc = _dot_pp(x0, x1, x2, w0, w1, w2, acc, X_PARTS, EMU)
+    out = (c * T + rows).to(tl.int64) * MP
+    tl.store(part_ptr + out[:, None] + m[None, :], acc, mask=rmask[:, None])
+    tl.store(ssq_ptr + c * T + rows, tl.sum(sq, axis=1), mask=rmask)
+
+
+@triton.jit
+def _fwd_mix_kernel(x_ptr, part_ptr, ssq_ptr, alpha_ptr, bias_ptr,
+                    hin_ptr, hpost_ptr, hres_ptr, hmix_ptr, inv_ptr, hpre_ptr,
+                    T, S, n, D, nD, M, KSPLIT, norm_eps, hc_eps, post_mult,
+                    sxb, sxs, sxn, sxd,
+                    MP: tl.constexpr, NP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    # last token blocks first: the GEMM kernel read them last, so their x may still be in L2
+    tb = tl.num_programs(0) - 1 - tl.program_id(0)
+    rows = tb * BLOCK_T + tl.arange(0, BLOCK_T)
+    rmask = rows < T
+    m = tl.arange(0, MP)
+    hm = tl.zeros([BLOCK_T, MP], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for c in range(KSPLIT):
+        hm += tl.load(part_ptr + ((c * T + rows).to(tl.int64) * MP)[:, None] + m[None, :],
+                      mask=rmask[:, None], other=0.0)
+        ss += tl.load(ssq_ptr + c * T + rows, mask=rmask, other=0.0)
+    inv = tl.div_rn(tl.full(ss.shape, 1.0, tl.float32), tl.sqrt_rn(_div(ss, nD) + norm_eps))
+    t, z, a = _affine(hm, inv, alpha_ptr, bias_ptr, n, M, MP)
+    sig = _sigmoid(z)
+    pre = (m < n)[None, :]
+    post = ((m >= n) & (m < 2 * n))[None, :]
+    res = ((m >= 2 * n) & (m < M))[None, :]
+    r2 = rmask[:, None]
+    rl = rows.to(tl.int64)[:, None]
+    hpre = tl.where(pre, sig + hc_eps, 0.0)
+    tl.store(hmix_ptr + rl * MP + m[None, :], hm, mask=r2)
+    tl.store(inv_ptr + rows, inv, mask=rmask)
+    tl.store(hpre_ptr + rl * n + m[None, :], hpre, mask=r2 & pre)
+    tl.store(hpost_ptr + rl * n + (m - n)[None, :], post_mult * sig, mask=r2 & post)
+    tl.store(hres_ptr + rl * (n * n) + (m - 2 * n)[None, :], z, mask=r2 & res)
+
+    # h_pre as a [BLOCK_T, NP] tile, then h_in = sum_k h_pre_k * x_k over D in blocks
+    k = tl.arange(0, NP)
+    hp = tl.sum(tl.where(m[None, None, :] == k[None, :, None], hpre[:, None, :], 0.0), axis=2)
+    base = (rows // S).to(tl.int64) * sxb + (rows % S).to(tl.int64) * sxs
+    kmask = (k < n)[None, :, None]
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        dm = d < D
+        off = k.to(tl.int64)[:, None] * sxn + d.to(tl.int64)[None, :] * sxd
+        xt = tl.load(x_ptr + base[:, None, None] + off[None, :, :],
+                     mask=rmask[:, None, None] & kmask & dm[None, None, :], other=0.0)
+        hin = tl.sum(hp[:, :, None] * xt.to(tl.float32), axis=1)
+        tl.store(hin_ptr + rl * D + d[None, :], hin.to(hin_ptr.dtype.element_ty), mask=r2 & dm[None, :])
+
+
+@triton.jit
+def _bwd_token_kernel(x_ptr, gin_ptr, gpost_ptr, gres_ptr, hmix_ptr, inv_ptr, alpha_ptr, bias_ptr,
+                      dhmix_ptr, coef_ptr, pcol_ptr,
+                      T, S, n, D, nD, M, post_mult,
+                      sxb, sxs, sxn, sxd, sgb, sgs, sgd, spb, sps, spk, srb, srs, srp, srq,
+                      MP: tl.constexpr, NP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    tb = tl.program_id(0)
+    rows = tb * BLOCK_T + tl.arange(0, BLOCK_T)
+    rmask = rows < T
+    b = (rows // S).to(tl.int64)
+    s = (rows % S).to(tl.int64)
+    xbase = b * sxb + s * sxs
+    gbase = b * sgb + s * sgs
+    k = tl.arange(0, NP)
+    kmask = (k < n)[None, :, None]
+    # dh_pre[t, k] = sum_d g_in[t, d] * x[t, k, d]; products summed per lane, reduced after the loop
+    acc = tl.zeros([BLOCK_T, NP, BLOCK_D], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        dm = d < D
+        off = k.to(tl.int64)[:, None] * sxn + d.to(tl.int64)[None, :] * sxd
+        xt = tl.load(x_ptr + xbase[:, None, None] + off[None, :, :],
+                     mask=rmask[:, None, None] & kmask & dm[None, None, :], other=0.0)
+        g = tl.load(gin_ptr + gbase[:, None] + d.to(tl.int64)[None, :] * sgd,
+                    mask=rmask[:, None] & dm[None, :], other=0.0)
+        acc += xt.to(tl.float32) * g.to(tl.float32)[:, None, :]
+    dhp = tl.sum(acc, axis=2)
+    m = tl.arange(0, MP)
+    dhp_m = tl.sum(tl.where(k[None, :, None] == m[None, None, :], dhp[:, :, None], 0.0), axis=1)
+
+    r2 = rmask[:, None]
+    rl = rows.to(tl.int64)[:, None]
+    hm = tl.load(hmix_ptr + rl * MP + m[None, :], mask=r2, other=0.0)
+    inv = tl.load(inv_ptr + rows, mask=rmask, other=0.0)
+    t, z, a = _affine(hm, inv, alpha_ptr, bias_ptr, n, M, MP)
+    sig = _sigmoid(z)
+    pre = (m < n)[None, :]
+    post = ((m >= n) & (m < 2 * n))[None, :]
+    res = ((m >= 2 * n) & (m < M))[None, :]
+    gp = tl.load(gpost_ptr + (b * spb + s * sps)[:, None] + (m - n)[None, :] * spk, mask=r2 & post, other=0.0)
+    q = m - 2 * n
+    gr = tl.load(gres_ptr + (b * srb + s * srs)[:, None] + ((q // n) * srp + (q % n) * srq)[None, :],
+                 mask=r2 & res, other=0.0)
+    hpost = post_mult * sig
+    # dz = [dh_pre2 | dh_post2 | g_res]: the gradient of the sigmoid/affine arguments (= dbias per token)
+    dz = tl.where(pre, dhp_m * sig * (1.0 - sig), 0.0)
+    dz = tl.where(post, gp * hpost * (1.0 - _div(hpost, post_mult)), dz)
+    dz = tl.where(res, gr, dz)
+    dz = tl.where(r2, dz, 0.0)
+    dt = a[None, :] * dz
+    dinv = tl.sum(dt * hm, axis=1)
+    tl.store(dhmix_ptr + rl * MP + m[None, :], dt * inv[:, None], mask=r2)
+    tl.store(coef_ptr + rows, _div(dinv * inv * inv * inv, nD), mask=rmask)
+    # per-token-block column sums: [0] -> dbias, [1] -> dalpha (by section); summed in a fixed order later
+    tl.store(pcol_ptr + (tb * 2) * MP + m, tl.sum(dz, axis=0))
+    tl.store(pcol_ptr + (tb * 2 + 1) * MP + m, tl.sum(dz * t, axis=0))
+
+
+@triton.jit
+def _bwd_nd_kernel(x_ptr, gin_ptr, phi_ptr, gamma_ptr, dhmix_ptr, coef_ptr, hpre_ptr, dx_ptr, pphi_ptr,
+                   T, S, n, D, nD, M, TOK_PER_GROUP,
+                   sxb, sxs, sxn, sxd, sgb, sgs, sgd, sphm, sphj,
+                   HAS_GAMMA: tl.constexpr, X_PARTS: tl.constexpr, MP: tl.constexpr,
+                   BLOCK_T: tl.constexpr, BLOCK_ND: tl.constexpr, EMU: tl.constexpr):
+    # One program: one BLOCK_ND block of stream k's D features, for one token group. Blocks never
+    # straddle two streams (contiguous, vectorizable addresses; h_pre[t, k] is one column).
+    # Tiles are [nD, token]: every dot then has BLOCK_ND as its M dimension, which the warps split
+    # without replication, and they share one accumulator layout.
+    ndb = tl.cdiv(D, BLOCK_ND)
+    k = tl.program_id(0) // ndb
+    d0 = (tl.program_id(0) - k * ndb) * BLOCK_ND
+    # last token group first, each walked backwards: the token kernel read those tokens last
+    grp = tl.num_programs(1) - 1 - tl.program_id(1)
+    d = d0 + tl.arange(0, BLOCK_ND)
+    dm = d < D
+    j = k * D + d
+    xoff = (k.to(tl.int64) * sxn + d.to(tl.int64) * sxd)[:, None]
+    goff = (d.to(tl.int64) * sgd)[:, None]
+    m = tl.arange(0, MP)
+    phg = tl.load(phi_ptr + m[None, :] * sphm + j[:, None] * sphj, mask=(m < M)[None, :] & dm[:, None], other=0.0)
+    if HAS_GAMMA:
+        phg = phg * tl.load(gamma_ptr + j, mask=dm, other=0.0)[:, None]
+    if not EMU:
+        p0, p1, p2 = _parts(phg, 3)
+    acc_phi = tl.zeros([BLOCK_ND, MP], dtype=tl.float32)
+    t_lo = grp * TOK_PER_GROUP
+    t_hi = tl.minimum(t_lo + TOK_PER_GROUP, T)
+    nit = tl.cdiv(t_hi - t_lo, BLOCK_T)
+    for i in range(nit):
+        rows = t_lo + (nit - 1 - i) * BLOCK_T + tl.arange(0, BLOCK_T)
+        rmask = rows < t_hi
+        r2 = rmask[None, :]
+        rl = rows.to(tl.int64)[None, :]
+        dhm = tl.load(dhmix_ptr + rl * MP + m[:, None], mask=r2, other=0.0)
+        cf = tl.load(coef_ptr + rows, mask=rmask, other=0.0)
+        hp = tl.load(hpre_ptr + rows.to(tl.int64) * n + k, mask=rmask, other=0.0)
+        # mmg = (phi * gamma)^T @ dh_mix^T = (dvecX_mm * gamma)^T on this block
+        if EMU:
+            mmg = tl.dot(phg, dhm, input_precision="ieee")
+        else:
+            h0, h1, h2 = _parts(dhm, 3)
+            mmg = _dot_pp(p0, p1, p2, h0, h1, h2, tl.zeros([BLOCK_ND, BLOCK_T], dtype=tl.float32), 3, EMU)
+        msk = r2 & dm[:, None]
+        b = (rows // S).to(tl.int64)[None, :]
+        s = (rows % S).to(tl.int64)[None, :]
+        xt = tl.load(x_ptr + (b * sxb + s * sxs) + xoff, mask=msk, other=0.0)
+        xf = xt.to(tl.float32)
+        gi = tl.load(gin_ptr + (b * sgb + s * sgs) + goff, mask=msk, other=0.0).to(tl.float32)
+        dxv = mmg - cf[None, :] * xf + hp[None, :] * gi
+        tl.store(dx_ptr + rl * nD + j[:, None], dxv.to(dx_ptr.dtype.element_ty), mask=msk)
+        if EMU:
+            acc_phi = tl.dot(xf, tl.trans(dhm), acc_phi, input_precision="ieee")
+        else:
+            x0, x1, x2 = _parts(xt, X_PARTS)
+            acc_phi = _dot_pp(x0, x1, x2, tl.trans(h0), tl.trans(h1), tl.trans(h2), acc_phi, X_PARTS, EMU)
+    # this token group's P[m, j] = sum_t dh_mix[t, m] x[t, j]; dphi = gamma * P, dgamma = sum_m phi * P
+    tl.store(pphi_ptr + ((grp * MP + m).to(tl.int64) * nD)[None, :] + j[:, None], acc_phi,
+             mask=dm[:, None] & (m < M)[None, :])
+
+
+@triton.jit
+def _bwd_reduce_kernel(pphi_ptr, pcol_ptr, phi_ptr, gamma_ptr, dphi_ptr, dgamma_ptr, dalpha_ptr, dbias_ptr,
+                       n, nD, M, G, NTB, sphm, sphj,
+                       HAS_GAMMA: tl.constexpr, MP: tl.constexpr, BLOCK_ND: tl.constexpr,
+                       BLOCK_R: tl.constexpr):
+    pid = tl.program_id(0)
+    m = tl.arange(0, MP)
+    mrow = m < M
+    if pid < tl.cdiv(nD, BLOCK_ND):
+        j0 = pid * BLOCK_ND
+        j = j0 + tl.arange(0, BLOCK_ND)
+        jm = j < nD
+        msk = mrow[:, None] & jm[None, :]
+        P = tl.zeros([MP, BLOCK_ND], dtype=tl.float32)
+        for g in range(G):
+            P += tl.load(pphi_ptr + ((g * MP + m).to(tl.int64) * nD)[:, None] + j[None, :], mask=msk, other=0.0)
+        if HAS_GAMMA:
+            # dgamma[j] = sum_t x[t, j] * dvecX_mm[t, j] = sum_m phi[m, j] * P[m, j]
+            ph = tl.load(phi_ptr + m[:, None] * sphm + j[None, :] * sphj, mask=msk, other=0.0)
+            dg = tl.sum(ph * P, axis=0)
+            tl.store(dgamma_ptr + j, dg, mask=jm)
+            P = P * tl.load(gamma_ptr + j, mask=jm, other=0.0)[None, :]
+        tl.store(dphi_ptr + (m.to(tl.int64) * nD)[:, None] + j[None, :], P, mask=msk)
+    else:
+        cb = tl.zeros([BLOCK_R, MP], dtype=tl.float32)
+        ca = tl.zeros([BLOCK_R, MP], dtype=tl.float32)
+        for r0 in range(0, NTB, BLOCK_R):
+            r = r0 + tl.arange(0, BLOCK_R)
+            rm = (r < NTB)[:, None]
+            cb += tl.load(pcol_ptr + (r * 2)[:, None] * MP + m[None, :], mask=rm, other=0.0)
+            ca += tl.load(pcol_ptr + (r * 2 + 1)[:, None] * MP + m[None, :], mask=rm, other=0.0)
+        colb = tl.sum(cb, axis=0)
+        cola = tl.sum(ca, axis=0)
+        tl.store(dbias_ptr + m, colb, mask=mrow)
+        sec = (m >= n).to(tl.int32) + (m >= 2 * n).to(tl.int32)
+        for i in tl.static_range(3):
+            tl.store(dalpha_ptr + i, tl.sum(tl.where(mrow & (sec == i), cola, 0.0), axis=0))

@@ -1,0 +1,172 @@
+"""Launch helpers, the autograd Function and the user-facing ``mhc_pre_triton`` (specs/mhc_pre.md)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from . import kernels as K
+
+Tensor = torch.Tensor
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+# Block sizes and launch shapes. Under the interpreter they are small so that CPU-sized cases span
+# many blocks (that is what exposes block-accumulation bugs); the adapter declares BLOCK_ND/BLOCK_T.
+CPU_CONFIG = {
+    "gemm_t": 16, "gemm_k": 64, "gemm_programs": 4, "gemm_warps": 4, "gemm_stages": 1,
+    "mix_t": 16, "mix_elems": 4096, "mix_warps": 4,
+    "tok_t": 16, "tok_elems": 4096, "tok_warps": 4,
+    "BLOCK_T": 16, "BLOCK_ND": 64, "nd_programs": 8, "nd_warps": 4, "nd_stages": 1,
+    "red_nd": 64, "red_r": 16, "red_warps": 4,
+}
+GPU_CONFIG = {
+    "gemm_t": 128, "gemm_k": 64, "gemm_programs": 2, "gemm_warps": 8, "gemm_stages": 3,
+    "mix_t": 16, "mix_elems": 8192, "mix_warps": 4,
+    "tok_t": 16, "tok_elems": 8192, "tok_warps": 8,
+    "BLOCK_T": 64, "BLOCK_ND": 128, "nd_programs": 4, "nd_warps": 8, "nd_stages": 2,
+    "red_nd": 128, "red_r": 64, "red_warps": 4,
+}
+CONFIG = dict(CPU_CONFIG if INTERPRET else GPU_CONFIG)
+
+_X_PARTS = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
+
+
+def _p2(v: int) -> int:
+    return triton.next_power_of_2(max(1, v))
+
+
+def _programs(device: torch.device, per_sm: int) -> int:
+    """Programs to aim for: a few per SM on a GPU (CONFIG's count itself under the interpreter)."""
+    if device.type != "cuda":
+        return per_sm
+    return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _dims(x: Tensor, phi: Tensor) -> tuple[int, int, int, int, int, int]:
+    if x.dim() != 4:
+        raise ValueError(f"mhc_pre_triton: x must be [B, S, n, D], got shape {tuple(x.shape)}")
+    B, S, n, D = x.shape
+    M = n * n + 2 * n
+    if tuple(phi.shape) != (M, n * D):
+        raise ValueError(f"mhc_pre_triton: phi must be [n*n+2n, n*D] = [{M}, {n * D}], "
+                         f"got {tuple(phi.shape)}")
+    if x.dtype not in _X_PARTS:
+        raise ValueError(f"mhc_pre_triton: x.dtype {x.dtype} is not float32, bfloat16 or float16")
+    return B, S, n, D, M, n * D
+
+
+def mhc_pre_forward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None,
+                    norm_eps: float, hc_eps: float, post_mult: float) -> tuple[Tensor, ...]:
+    """Returns h_in, h_post, h_res and the saved h_mix [T, MP], inv_rms [T], h_pre [T, n]."""
+    B, S, n, D, M, nD = _dims(x, phi)
+    T, MP, NP = B * S, max(16, _p2(M)), _p2(n)
+    cfg, dev = CONFIG, x.device
+    f32 = dict(dtype=torch.float32, device=dev)
+    bt, bk = cfg["gemm_t"], cfg["gemm_k"]
+    # K tiles: BLOCK_K features of one stream; split-K over them fills the GPU even at small T
+    ntb, nk = triton.cdiv(T, bt), n * triton.cdiv(D, bk)
+    ksplit = max(1, min(nk, triton.cdiv(_programs(dev, cfg["gemm_programs"]), ntb)))
+    kchunk = triton.cdiv(nk, ksplit)
+    ksplit = triton.cdiv(nk, kchunk)
+    part = torch.empty((ksplit, T, MP), **f32)
+    ssq = torch.empty((ksplit, T), **f32)
+    g = gamma if gamma is not None else phi
+    K._fwd_gemm_kernel[(ksplit, ntb)](
+        x, phi, g, part, ssq, T, S, n, D, M, kchunk, *x.stride(), *phi.stride(),
+        HAS_GAMMA=gamma is not None, X_PARTS=_X_PARTS[x.dtype], MP=MP, BLOCK_T=bt, BLOCK_K=bk,
+        EMU=INTERPRET, num_warps=cfg["gemm_warps"], num_stages=cfg["gemm_stages"])
+    h_in = torch.empty((B, S, D), dtype=x.dtype, device=dev)
+    h_post = torch.empty((B, S, n), **f32)
+    h_res = torch.empty((B, S, n, n), **f32)
+    h_mix = torch.empty((T, MP), **f32)
+    inv = torch.empty((T,), **f32)
+    h_pre = torch.empty((T, n), **f32)
+    mt = cfg["mix_t"]
+    K._fwd_mix_kernel[(triton.cdiv(T, mt),)](
+        x, part, ssq, alpha, bias, h_in, h_post, h_res, h_mix, inv, h_pre,
+        T, S, n, D, nD, M, ksplit, norm_eps, hc_eps, post_mult, *x.stride(),
+        MP=MP, NP=NP, BLOCK_T=mt, BLOCK_D=min(_p2(D), max(16, cfg["mix_elems"] // (mt * NP))),
+        num_warps=cfg["mix_warps"])
+    return h_in, h_post, h_res, h_mix, inv, h_pre
+
+
+def mhc_pre_backward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None,
+                     h_mix: Tensor, inv: Tensor, h_pre: Tensor, g_in: Tensor, g_post: Tensor, g_res: Tensor,
+                     post_mult: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """dx (x's dtype and shape, contiguous), dphi, dalpha, dbias, dgamma ([nD], or None)."""
+    B, S, n, D, M, nD = _dims(x, phi)
+    T, MP, NP = B * S, max(16, _p2(M)), _p2(n)
+    cfg, dev = CONFIG, x.device
+    f32 = dict(dtype=torch.float32, device=dev)
+    tt = cfg["tok_t"]
+    ntb = triton.cdiv(T, tt)
+    dh_mix = torch.empty((T, MP), **f32)
+    coef = torch.empty((T,), **f32)
+    pcol = torch.empty((ntb, 2, MP), **f32)
+    K._bwd_token_kernel[(ntb,)](
+        x, g_in, g_post, g_res, h_mix, inv, alpha, bias, dh_mix, coef, pcol,
+        T, S, n, D, nD, M, post_mult, *x.stride(), *g_in.stride(), *g_post.stride(), *g_res.stride(),
+        MP=MP, NP=NP, BLOCK_T=tt, BLOCK_D=min(_p2(D), max(16, cfg["tok_elems"] // (tt * NP))),
+        num_warps=cfg["tok_warps"])
+
+    bt, bnd = cfg["BLOCK_T"], cfg["BLOCK_ND"]
+    nblk = n * triton.cdiv(D, bnd)  # blocks of BLOCK_ND features within each stream
+    # token groups: enough (nD block, group) programs to fill the GPU; partials are [G, MP, nD]
+    G = max(1, min(triton.cdiv(T, bt), triton.cdiv(_programs(dev, cfg["nd_programs"]), nblk)))
+    per_group = triton.cdiv(triton.cdiv(T, G), bt) * bt
+    G = triton.cdiv(T, per_group)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=dev)
+    pphi = torch.empty((G, MP, nD), **f32)
+    g = gamma if gamma is not None else phi
+    K._bwd_nd_kernel[(nblk, G)](
+        x, g_in, phi, g, dh_mix, coef, h_pre, dx, pphi,
+        T, S, n, D, nD, M, per_group, *x.stride(), *g_in.stride(), *phi.stride(),
+        HAS_GAMMA=gamma is not None, X_PARTS=_X_PARTS[x.dtype], MP=MP, BLOCK_T=bt,
+        BLOCK_ND=bnd, EMU=INTERPRET, num_warps=cfg["nd_warps"], num_stages=cfg["nd_stages"])
+
+    # zero-filled so that a result that is never written reads as zeros, not as stale memory
+    dphi = torch.zeros((M, nD), **f32)
+    dgamma = torch.zeros((nD,), **f32) if gamma is not None else None
+    dalpha = torch.empty((3,), **f32)
+    dbias = torch.empty((M,), **f32)
+    rnd = cfg["red_nd"]
+    K._bwd_reduce_kernel[(triton.cdiv(nD, rnd) + 1,)](
+        pphi, pcol, phi, g, dphi, dgamma if dgamma is not None else dphi, dalpha, dbias,
+        n, nD, M, G, ntb, *phi.stride(), HAS_GAMMA=gamma is not None, MP=MP, BLOCK_ND=rnd,
+        BLOCK_R=cfg["red_r"], num_warps=cfg["red_warps"])
+    return dx, dphi, dalpha, dbias, dgamma
+
+
+class MhcPreFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None,
+                norm_eps: float, hc_eps: float, post_mult: float) -> tuple[Tensor, Tensor, Tensor]:
+        h_in, h_post, h_res, h_mix, inv, h_pre = mhc_pre_forward(
+            x, phi, alpha, bias, gamma, norm_eps, hc_eps, post_mult)
+        ctx.save_for_backward(x, phi, alpha, bias, gamma, h_mix, inv, h_pre)
+        ctx.post_mult = post_mult
+        return h_in, h_post, h_res
+
+    @staticmethod
+    def backward(ctx, g_in: Tensor, g_post: Tensor, g_res: Tensor):
+        x, phi, alpha, bias, gamma, h_mix, inv, h_pre = ctx.saved_tensors
+        dx, dphi, dalpha, dbias, dgamma = mhc_pre_backward(
+            x, phi, alpha, bias, gamma, h_mix, inv, h_pre, g_in, g_post, g_res, ctx.post_mult)
+        return dx, dphi, dalpha, dbias, dgamma, None, None, None
+
+
+def mhc_pre_triton(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None = None, *,
+                   norm_eps: float = 1e-6, hc_eps: float = 1e-6, post_mult: float = 2.0) -> dict[str, Tensor]:
+    """mHC pre-mix with Triton kernels: h_in [B,S,D] (x.dtype), h_post [B,S,n], h_res [B,S,n,n] (fp32)."""
+    for name, t in (("phi", phi), ("alpha", alpha), ("bias", bias), ("gamma", gamma)):
+        if t is not None and t.dtype != torch.float32:
+            raise ValueError(f"mhc_pre_triton: {name} must be float32, got {t.dtype}")
+    # the kernels index these densely; x and the upstream gradients may have any strides
+    alpha, bias = alpha.contiguous(), bias.contiguous()
+    gamma = gamma.contiguous() if gamma is not None else None
+    h_in, h_post, h_res = MhcPreFunction.apply(x, phi, alpha, bias, gamma, float(norm_eps), float(hc_eps),
+                                               float(post_mult))
+    return {"h_in": h_in, "h_post": h_post, "h_res": h_res}
