@@ -81,8 +81,15 @@ def results() -> dict[str, dict]:
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_every_head_matches_reference(results: dict, case: tuple) -> None:
     name, dtype = case[0], case[-1]
-    # fp32: float32 accumulation over <= 33 terms; fp16: e, ds and p are rounded to fp16 for the dots
-    tol = 2e-6 if dtype == "float32" else 4e-3
     row = results[name]
-    bad = {comp: errs for comp, errs in row.items() if comp != "name" and max(errs) > tol}
-    assert not bad, f"{name}: per-head relative errors above {tol}: {bad}"
+    bad = {}
+    for comp, errs in row.items():
+        if comp == "name":
+            continue
+        # float32 accumulation over <= 33 terms. With fp16 inputs, e and ds are rounded to fp16 for
+        # the dots (o, dq, dk, dv are fp16 anyway), but the float32 outputs dbias and dtau must keep
+        # float32 accuracy: the harness judges them against a float32-math floor.
+        tol = 2e-6 if dtype == "float32" or comp in ("dbias", "dtau") else 4e-3
+        if max(errs) > tol:
+            bad[comp] = (tol, errs)
+    assert not bad, f"{name}: per-head relative errors above tolerance: {bad}"

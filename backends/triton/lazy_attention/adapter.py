@@ -15,5 +15,5 @@ register_backend(Backend(
     if device == "cpu" and dtype == "bfloat16" else None,
     sources=tuple(_DIR + f for f in ("kernels.py", "wrapper.py", "adapter.py")),
     deterministic=True, matmul_precision="ieee",
-    description="Triton: forward LSE + output passes (saving Y = sum m p v for Delta), backward Delta, "
-                "dq with per-block dbias/dtau partial rows, dk/dv, and a deterministic reduction"))
+    description="Triton: forward LSE + output passes; backward Delta (sum p dp) + dq with per-block "
+                "dbias/dtau partial rows, dk/dv, and a deterministic reduction"))

@@ -50,13 +50,8 @@ def aot_targets() -> list[dict]:
         tag = f"{str(dtype).replace('torch.', '')}-dh{dh}"
         prec = "ieee" if dtype == torch.float32 else "tf32"
         f, q, kv = (gpu_config(k, dh, dtype) for k in ("fwd", "dq", "dkdv"))
-        for save in (True, False) if dh == 128 else (True,):
-            out.append(_target(f"fwd-{tag}-y{int(save)}", K._lazy_fwd_kernel, dtype,
-                               {"DH": dh, "BLOCK_M": f["BLOCK_M"], "BLOCK_N": f["BLOCK_N"],
-                                "SAVE_Y": save, "PREC": prec}, f))
-        if dh in (32, 128):
-            out.append(_target(f"delta-{tag}", K._lazy_bwd_delta_kernel, dtype,
-                               {"DH": dh, "BLOCK_M": f["BLOCK_M"]}))
+        out.append(_target(f"fwd-{tag}", K._lazy_fwd_kernel, dtype,
+                           {"DH": dh, "BLOCK_M": f["BLOCK_M"], "BLOCK_N": f["BLOCK_N"], "PREC": prec}, f))
         out.append(_target(f"dq-{tag}", K._lazy_bwd_dq_kernel, dtype,
                            {"DH": dh, "BLOCK": q["BLOCK"], "PREC": prec}, q))
         out.append(_target(f"dkdv-{tag}", K._lazy_bwd_dkdv_kernel, dtype,

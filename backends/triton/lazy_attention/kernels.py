@@ -5,14 +5,13 @@ exp2; ``LSE`` stores lse2 = log2(sum_j 2^s2) (float32) for the backward. Each ke
 in three ranges of blocks: far from the diagonal (distance >= W everywhere: no bias gather, no mask),
 inside the bias table (gather bias by distance), and on the diagonal (gather + causal mask).
 
-Forward: one program per (query block, head, batch) runs the LSE pass then the output pass and also
-keeps Y_i = sum_j m_ij p_ij v_j (float32), so that the backward's Delta_i = sum_j p dp = g_i . Y_i is
-one cheap row reduction.
+Forward: one program per (query block, head, batch) runs the LSE pass, then the output pass.
 
-Backward: ``_lazy_bwd_delta_kernel`` (Delta), ``_lazy_bwd_dq_kernel`` (dq, plus per-query-block
-partial rows of dbias and dtau), ``_lazy_bwd_dkdv_kernel`` (dk, dv), ``_lazy_bwd_reduce_kernel``
-(sums the partial rows: deterministic, one add per output element). Every tensor is addressed with
-its own strides, dO's head stride included.
+Backward: ``_lazy_bwd_dq_kernel`` (per query block: a Delta pass, Delta_i = sum_j p dp from float32 p
+and dp so that dbias and dtau keep float32 accuracy with 16-bit inputs, then dq and a partial row of
+dbias and dtau), ``_lazy_bwd_dkdv_kernel`` (dk, dv), ``_lazy_bwd_reduce_kernel`` (sums the partial
+rows: deterministic, one add per output element). Every tensor is addressed with its own strides,
+dO's head stride included.
 """
 
 import triton
@@ -56,9 +55,9 @@ def _fwd_lse_range(q, k_base, skl, skd, bias_row, sbw, offs_m, offs_d, m_i, l_i,
 
 
 @triton.jit
-def _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, acc, y,
+def _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, acc,
                    lo, hi, L, W, qk_scale, BLOCK_N: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr,
-                   SAVE_Y: tl.constexpr, PREC: tl.constexpr):
+                   PREC: tl.constexpr):
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         k = _load_rows(k_base, offs_n, skl, skd, offs_d, L)
@@ -73,17 +72,14 @@ def _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m,
             keep = keep & causal
         e = tl.where(keep, p + c[:, None], 0.0)
         acc = tl.dot(e.to(v.dtype), v, acc, input_precision=PREC)
-        if SAVE_Y:
-            y = tl.dot(tl.where(keep, p, 0.0).to(v.dtype), v, y, input_precision=PREC)
-    return acc, y
+    return acc
 
 
 @triton.jit
-def _lazy_fwd_kernel(Q, K, V, Bias, Tau, O, Y, LSE,
+def _lazy_fwd_kernel(Q, K, V, Bias, Tau, O, LSE,
                      sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd, sob, soh, sol, sod,
                      sbh, sbw, stau, H, L, W, qk_scale,
-                     DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     SAVE_Y: tl.constexpr, PREC: tl.constexpr):
+                     DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
     pid_m = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -111,36 +107,17 @@ def _lazy_fwd_kernel(Q, K, V, Bias, Tau, O, Y, LSE,
     lse2 = m_i + tl.log2(l_i)
 
     acc = tl.zeros([BLOCK_M, DH], tl.float32)
-    y = tl.zeros([BLOCK_M, DH], tl.float32)
-    acc, y = _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
-                            acc, y, 0, bias_lo, L, W, qk_scale, BLOCK_N, False, False, SAVE_Y, PREC)
-    acc, y = _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
-                            acc, y, bias_lo, diag_lo, L, W, qk_scale, BLOCK_N, True, False, SAVE_Y, PREC)
-    acc, y = _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
-                            acc, y, diag_lo, hi, L, W, qk_scale, BLOCK_N, True, True, SAVE_Y, PREC)
+    acc = _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, acc,
+                         0, bias_lo, L, W, qk_scale, BLOCK_N, False, False, PREC)
+    acc = _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, acc,
+                         bias_lo, diag_lo, L, W, qk_scale, BLOCK_N, True, False, PREC)
+    acc = _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, acc,
+                         diag_lo, hi, L, W, qk_scale, BLOCK_N, True, True, PREC)
 
     rows = offs_m < L
     tl.store(O + b * sob + h * soh + offs_m[:, None] * sol + offs_d[None, :] * sod,
              acc.to(O.dtype.element_ty), mask=rows[:, None])
-    bh = b * H + h
-    tl.store(LSE + bh * L + offs_m, lse2, mask=rows)
-    if SAVE_Y:
-        tl.store(Y + (bh * L + offs_m[:, None]) * DH + offs_d[None, :], y, mask=rows[:, None])
-
-
-@triton.jit
-def _lazy_bwd_delta_kernel(DO, Y, Delta, sdob, sdoh, sdol, sdod, H, L,
-                           DH: tl.constexpr, BLOCK_M: tl.constexpr):
-    # Delta_i = sum_j p dp = g_i . Y_i (not g_i . o_i: rows of e need not sum to one)
-    pid_m = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, DH)
-    g = _load_rows(DO + b * sdob + h * sdoh, offs_m, sdol, sdod, offs_d, L).to(tl.float32)
-    bh = b * H + h
-    y = _load_rows(Y + bh * L * DH, offs_m, DH, 1, offs_d, L)
-    tl.store(Delta + bh * L + offs_m, tl.sum(g * y, 1), mask=offs_m < L)
+    tl.store(LSE + (b * H + h) * L + offs_m, lse2, mask=rows)
 
 
 @triton.jit
@@ -155,6 +132,34 @@ def _diag_sums(ds, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale,
+          BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
+    # p (float32) and dp = m * (g . v) of one [query, key] tile, as the Delta and dq passes both need
+    s = _scores(q, k, offs_m, offs_n, bias_row, sbw, W, qk_scale, BIAS, PREC)
+    p = tl.exp2(s - lse2[:, None])
+    keep = p + c[:, None] > 0
+    if CAUSAL:
+        causal = offs_n[None, :] <= offs_m[:, None]
+        p = tl.where(causal, p, 0.0)
+        keep = keep & causal
+    dp = tl.where(keep, tl.dot(g, tl.trans(v), input_precision=PREC), 0.0)
+    return p, dp
+
+
+@triton.jit
+def _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta,
+                 lo, hi, L, W, qk_scale,
+                 BLOCK: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
+    for n0 in range(lo, hi, BLOCK):
+        offs_n = n0 + tl.arange(0, BLOCK)
+        k = _load_rows(k_base, offs_n, skl, skd, offs_d, L)
+        v = _load_rows(v_base, offs_n, svl, svd, offs_d, L)
+        p, dp = _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale, BIAS, CAUSAL, PREC)
+        delta += tl.sum(p * dp, 1)
+    return delta
+
+
+@triton.jit
 def _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, delta, c,
               dq, dps, carry, part_row, m0, lo, hi, L, W, qk_scale,
               BLOCK: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
@@ -162,15 +167,12 @@ def _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, o
         offs_n = n0 + tl.arange(0, BLOCK)
         k = _load_rows(k_base, offs_n, skl, skd, offs_d, L)
         v = _load_rows(v_base, offs_n, svl, svd, offs_d, L)
-        s = _scores(q, k, offs_m, offs_n, bias_row, sbw, W, qk_scale, BIAS, PREC)
-        p = tl.exp2(s - lse2[:, None])
-        keep = p + c[:, None] > 0
-        if CAUSAL:
-            causal = offs_n[None, :] <= offs_m[:, None]
-            p = tl.where(causal, p, 0.0)
-            keep = keep & causal
-        dp = tl.where(keep, tl.dot(g, tl.trans(v), input_precision=PREC), 0.0)
+        p, dp = _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale, BIAS, CAUSAL, PREC)
         ds = p * (dp - delta[:, None])
+        if CAUSAL:
+            # row 0 has one key: p = 1 and ds = 0 exactly; rounding of p would leave noise where the
+            # true gradient is exactly zero (all of dq, dk and dbias when L = 1)
+            ds = tl.where(offs_m[:, None] == 0, 0.0, ds)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
         dps += tl.sum(dp, 1)
         if BIAS:
@@ -190,6 +192,8 @@ def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
                         sdob, sdoh, sdol, sdod, sdqb, sdqh, sdql, sdqd,
                         sbh, sbw, stau, H, L, W, qk_scale, scale,
                         DH: tl.constexpr, BLOCK: tl.constexpr, PREC: tl.constexpr):
+    # Two passes over the key blocks of one query block: Delta_i = sum_j p dp (stored for the dk/dv
+    # kernel; not g_i . o_i, rows of e need not sum to one), then dq and the dbias/dtau partial row.
     pid_m = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -202,7 +206,6 @@ def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
     bh = b * H + h
     # padded rows: lse = +inf makes p = 0 there, so they add nothing to the partial sums
     lse2 = tl.load(LSE + bh * L + offs_m, mask=rows, other=float("inf"))
-    delta = tl.load(Delta + bh * L + offs_m, mask=rows, other=0.0)
     c = tl.load(Tau + h * stau) / (offs_m + 1).to(tl.float32)
     k_base = K + b * skb + h * skh
     v_base = V + b * svb + h * svh
@@ -214,6 +217,15 @@ def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
     hi = tl.minimum(m0 + BLOCK, L)
     bias_lo = (tl.maximum(m0 - W + 1, 0) // BLOCK) * BLOCK
     diag_lo = m0
+    delta = tl.zeros([BLOCK], tl.float32)
+    delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
+                         delta, 0, bias_lo, L, W, qk_scale, BLOCK, False, False, PREC)
+    delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
+                         delta, bias_lo, diag_lo, L, W, qk_scale, BLOCK, True, False, PREC)
+    delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
+                         delta, diag_lo, hi, L, W, qk_scale, BLOCK, True, True, PREC)
+    tl.store(Delta + bh * L + offs_m, delta, mask=rows)
+
     dq = tl.zeros([BLOCK, DH], tl.float32)
     dps = tl.zeros([BLOCK], tl.float32)
     carry = tl.zeros([BLOCK], tl.float32)
@@ -259,6 +271,8 @@ def _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_bas
         dv = tl.dot(eT.to(g.dtype), g, dv, input_precision=PREC)
         dpT = tl.where(keep, tl.dot(v, tl.trans(g), input_precision=PREC), 0.0)
         dsT = pT * (dpT - delta[None, :])
+        if CAUSAL:
+            dsT = tl.where(offs_m[None, :] == 0, 0.0, dsT)   # row 0: ds = 0 exactly (see _dq_range)
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PREC)
     return dk, dv
 

@@ -9,7 +9,6 @@ import torch
 import triton
 
 from .kernels import (
-    _lazy_bwd_delta_kernel,
     _lazy_bwd_dkdv_kernel,
     _lazy_bwd_dq_kernel,
     _lazy_bwd_reduce_kernel,
@@ -82,26 +81,24 @@ def _launch_opts(cfg: dict) -> dict:
     return {k: cfg[k] for k in ("num_warps", "num_stages") if k in cfg}
 
 
-def lazy_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, scale: float,
-                 save_y: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """o [B,H,L,Dh] (q.dtype), Y = sum_j m p v (float32, or an empty tensor) and lse2 [B,H,L] (float32)."""
+def lazy_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor,
+                 scale: float) -> tuple[Tensor, Tensor]:
+    """o [B,H,L,Dh] in q.dtype and lse2 [B,H,L] (float32, log2 units) for the backward."""
     B, H, L, DH = q.shape
     W = bias.shape[1]
     o = torch.empty((B, H, L, DH), dtype=q.dtype, device=q.device)
-    y = torch.empty((B, H, L, DH) if save_y else (1,), dtype=torch.float32, device=q.device)
     lse = torch.empty((B, H, L), dtype=torch.float32, device=q.device)
     cfg = config("fwd", DH, q.dtype)
     grid = (triton.cdiv(L, cfg["BLOCK_M"]), H, B)
     _lazy_fwd_kernel[grid](
-        q, k, v, bias, tau, o, y, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        q, k, v, bias, tau, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E,
-        DH=DH, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SAVE_Y=save_y, PREC=_precision(q.dtype),
-        **_launch_opts(cfg))
-    return o, y, lse
+        DH=DH, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], PREC=_precision(q.dtype), **_launch_opts(cfg))
+    return o, lse
 
 
-def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, y: Tensor, lse: Tensor,
-                  do: Tensor, scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
+                  scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv (input dtype), dbias [H,W] and dtau [H] (float32), all computed by the kernels."""
     B, H, L, DH = q.shape
     W = bias.shape[1]
@@ -111,9 +108,6 @@ def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, y:
     dk = torch.empty((B, H, L, DH), dtype=k.dtype, device=dev)
     dv = torch.empty((B, H, L, DH), dtype=v.dtype, device=dev)
     delta = torch.empty((B, H, L), dtype=torch.float32, device=dev)
-
-    bm = config("fwd", DH, q.dtype)["BLOCK_M"]
-    _lazy_bwd_delta_kernel[(triton.cdiv(L, bm), H, B)](do, y, delta, *sdo, H, L, DH=DH, BLOCK_M=bm)
 
     cq = config("dq", DH, q.dtype)
     n_m = triton.cdiv(L, cq["BLOCK"])
@@ -125,6 +119,7 @@ def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, y:
         DH=DH, BLOCK=cq["BLOCK"], PREC=prec, **_launch_opts(cq))
 
     ckv = config("dkdv", DH, q.dtype)
+    # after the dq kernel: it writes the Delta this one reads
     _lazy_bwd_dkdv_kernel[(triton.cdiv(L, ckv["BLOCK_N"]), H, B)](
         q, k, v, do, bias, tau, lse, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *sdo,
         *dk.stride(), *dv.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W,
@@ -141,17 +136,16 @@ def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, y:
 class LazyAttentionFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, scale: float) -> Tensor:
-        save = any(ctx.needs_input_grad[:5])
-        o, y, lse = lazy_forward(q, k, v, bias, tau, scale, save)
-        if save:
-            ctx.save_for_backward(q, k, v, bias, tau, y, lse)
+        o, lse = lazy_forward(q, k, v, bias, tau, scale)
+        if any(ctx.needs_input_grad[:5]):
+            ctx.save_for_backward(q, k, v, bias, tau, lse)
         ctx.scale = scale
         return o
 
     @staticmethod
     def backward(ctx, do: Tensor):
-        q, k, v, bias, tau, y, lse = ctx.saved_tensors
-        dq, dk, dv, dbias, dtau = lazy_backward(q, k, v, bias, tau, y, lse, do.to(q.dtype), ctx.scale)
+        q, k, v, bias, tau, lse = ctx.saved_tensors
+        dq, dk, dv, dbias, dtau = lazy_backward(q, k, v, bias, tau, lse, do.to(q.dtype), ctx.scale)
         return dq, dk, dv, dbias, dtau, None
 
 
