@@ -92,12 +92,15 @@ def measure(op: OperatorSpec, b: registry.Backend, case: Case, dtype: torch.dtyp
     outs = _as_dict(op, outs)
     shapes = {k: tuple(v.shape) for k, v in outs.items() if isinstance(v, torch.Tensor)}
     grads = gen_grad_outputs(op, case, 0, inputs.tensors, shapes, contract, device)
-    pairs = [(outs[n], grads[n]) for n in op.graded_outputs if n in outs and n in grads and outs[n].requires_grad]
+    # held in a dict so that the first forward's graph can be dropped before the memory measurement
+    st = {"saved": saved, "pairs": [(outs[n], grads[n]) for n in op.graded_outputs
+                                    if n in outs and n in grads and outs[n].requires_grad]}
+    del outs, saved
 
     def backward_only():
         if bwd_fn is not None:
-            return bwd_fn(saved, grads)
-        return torch.autograd.grad([o for o, _ in pairs], list(leaves.values()), [g for _, g in pairs],
+            return bwd_fn(st["saved"], grads)
+        return torch.autograd.grad([o for o, _ in st["pairs"]], list(leaves.values()), [g for _, g in st["pairs"]],
                                    retain_graph=True, allow_unused=True)
 
     def fwd_bwd():
@@ -114,11 +117,11 @@ def measure(op: OperatorSpec, b: registry.Backend, case: Case, dtype: torch.dtyp
                            "dtype": dtype_name(dtype)}
     row["fwd_ms"] = timeit(forward, reps)
     row["fwd_nograd_ms"] = fwd_ms_nograd
-    has_grad = bool(pairs) or bwd_fn is not None
+    has_grad = bool(st["pairs"]) or bwd_fn is not None
     if has_grad:
         row["bwd_ms"] = timeit(backward_only, reps)
         row["fwd_bwd_ms"] = timeit(fwd_bwd, reps)
-    del outs, saved, pairs
+    st.clear()
     if device.startswith("cuda"):
         _sync()
         torch.cuda.empty_cache()
