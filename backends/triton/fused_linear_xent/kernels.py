@@ -17,9 +17,12 @@ import triton.language as tl
 
 
 @triton.jit
-def _tile_ids(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr):
-    """Grouped program order: GROUP row blocks walk the column blocks together (L2 reuse)."""
-    pid = tl.program_id(0)
+def _tile_ids(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr):
+    """Grouped tile order: GROUP row blocks walk the column blocks together (L2 reuse).
+
+    GEMM kernels loop over tiles pid, pid + grid, ...: one tile per program when the grid covers
+    them all; persistent (grid = SM count, FLAT: one flattened, software-pipelined loop over the
+    tiles and their K steps, so the next tile's loads overlap this tile's epilogue) otherwise."""
     n_m = tl.cdiv(M, BM)
     n_n = tl.cdiv(N, BN)
     width = GROUP * n_n
@@ -31,26 +34,51 @@ def _tile_ids(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr):
 
 
 @triton.jit
+def _n_tiles(M, N, BM: tl.constexpr, BN: tl.constexpr):
+    return tl.cdiv(M, BM) * tl.cdiv(N, BN)
+
+
+@triton.jit
 def _mm(a_ptr, b_ptr, rm, rn, M, N, K, s_am, s_ak, s_bk, s_bn, acc,
         BK: tl.constexpr, KGAP: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr):
-    """acc += A[rm, :K] @ B[:K, rn] with float32 accumulation; A's K index may carry dZ gaps."""
+    """acc += A[rm, :K] @ B[:K, rn] with float32 accumulation; A's K index may carry dZ gaps.
+
+    float32 operands: ieee dots are FMA chains, and one chain over K = V (~1e5 terms) would carry
+    sqrt(K) roundings; each BK tile is summed on its own and added to a mid accumulator flushed
+    every KMID tiles, so the longest chain is BK + KMID + K / (BK * KMID) additions.
+    """
     rk = tl.arange(0, BK)
     a_rows = a_ptr + rm.to(tl.int64)[:, None] * s_am
     b_cols = b_ptr + rn.to(tl.int64)[None, :] * s_bn
     mask_m = rm[:, None] < M
     mask_n = rn[None, :] < N
-    for k0 in range(0, K, BK):
-        ka = k0
-        if KGAP > 0:
-            ka = k0 + (k0 // KGAP) * KGAP
-        if EVEN_K:
-            a = tl.load(a_rows + (ka + rk)[None, :] * s_ak, mask=mask_m, other=0.0)
-            b = tl.load(b_cols + (k0 + rk)[:, None] * s_bk, mask=mask_n, other=0.0)
-        else:
-            a = tl.load(a_rows + (ka + rk)[None, :] * s_ak, mask=mask_m & ((k0 + rk)[None, :] < K), other=0.0)
-            b = tl.load(b_cols + (k0 + rk)[:, None] * s_bk, mask=mask_n & ((k0 + rk)[:, None] < K), other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PREC)
+    if a_ptr.dtype.element_ty == tl.float32:
+        KMID: tl.constexpr = 32
+        for k1 in range(0, K, BK * KMID):
+            mid = tl.zeros_like(acc)
+            for k0 in range(k1, tl.minimum(k1 + BK * KMID, K), BK):
+                a, b = _mm_load(a_rows, b_cols, rk, k0, K, s_ak, s_bk, mask_m, mask_n, KGAP, EVEN_K)
+                mid += tl.dot(a, b, input_precision=PREC)
+            acc += mid
+    else:
+        for k0 in range(0, K, BK):
+            a, b = _mm_load(a_rows, b_cols, rk, k0, K, s_ak, s_bk, mask_m, mask_n, KGAP, EVEN_K)
+            acc = tl.dot(a, b, acc, input_precision=PREC)
     return acc
+
+
+@triton.jit
+def _mm_load(a_rows, b_cols, rk, k0, K, s_ak, s_bk, mask_m, mask_n, KGAP: tl.constexpr, EVEN_K: tl.constexpr):
+    ka = k0
+    if KGAP > 0:
+        ka = k0 + (k0 // KGAP) * KGAP
+    if EVEN_K:
+        a = tl.load(a_rows + (ka + rk)[None, :] * s_ak, mask=mask_m, other=0.0)
+        b = tl.load(b_cols + (k0 + rk)[:, None] * s_bk, mask=mask_n, other=0.0)
+    else:
+        a = tl.load(a_rows + (ka + rk)[None, :] * s_ak, mask=mask_m & ((k0 + rk)[None, :] < K), other=0.0)
+        b = tl.load(b_cols + (k0 + rk)[:, None] * s_bk, mask=mask_n & ((k0 + rk)[:, None] < K), other=0.0)
+    return a, b
 
 
 @triton.jit
@@ -121,32 +149,34 @@ def _logits_kernel(h_ptr, w_ptr, b_ptr, y_ptr, z_ptr, pm_ptr, ps_ptr, pz_ptr, zy
                    T, V, H, s_ht, s_hk, s_wv, s_wk, s_b, s_y, s_zt, s_p, cap,
                    HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, STORE_Z: tl.constexpr,
                    EVEN_K: tl.constexpr, PREC: tl.constexpr,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
+                   FLAT: tl.constexpr):
     """Logits tile z = h @ W^T (+ bias, softcap): per-row max, sum-exp and sum of z over the tile,
     the target logit, and (fast mode) the float32 logits themselves."""
-    pid_m, pid_n = _tile_ids(T, V, BM, BN, GROUP)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, 0, EVEN_K, PREC)
-    z = _logits(acc, b_ptr, rn, V, s_b, cap, HAS_BIAS, SOFTCAP)
-    rmask = rm < T
-    cmask = rn < V
-    mask = rmask[:, None] & cmask[None, :]
-    if STORE_Z:
-        tl.store(z_ptr + rm.to(tl.int64)[:, None] * s_zt + rn[None, :], z, mask=mask)
-    zm = tl.where(cmask[None, :], z, float("-inf"))
-    m = tl.max(zm, 1)
-    s = tl.sum(tl.exp(zm - m[:, None]), 1)
-    sz = tl.sum(tl.where(cmask[None, :], z, 0.0), 1)
-    poff = rm.to(tl.int64) * s_p + pid_n
-    tl.store(pm_ptr + poff, m, mask=rmask)
-    tl.store(ps_ptr + poff, s, mask=rmask)
-    tl.store(pz_ptr + poff, sz, mask=rmask)
-    y = tl.load(y_ptr + rm * s_y, mask=rmask, other=-1)
-    zy = tl.sum(tl.where(rn[None, :] == y[:, None], z, 0.0), 1)
-    mine = rmask & (y >= pid_n * BN) & (y < pid_n * BN + BN) & (y < V)
-    tl.store(zy_ptr + rm, zy, mask=mine)
+    for tile in tl.range(tl.program_id(0), _n_tiles(T, V, BM, BN), tl.num_programs(0), flatten=FLAT):
+        pid_m, pid_n = _tile_ids(tile, T, V, BM, BN, GROUP)
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, 0, EVEN_K, PREC)
+        z = _logits(acc, b_ptr, rn, V, s_b, cap, HAS_BIAS, SOFTCAP)
+        rmask = rm < T
+        cmask = rn < V
+        mask = rmask[:, None] & cmask[None, :]
+        if STORE_Z:
+            tl.store(z_ptr + rm.to(tl.int64)[:, None] * s_zt + rn[None, :], z, mask=mask)
+        zm = tl.where(cmask[None, :], z, float("-inf"))
+        m = tl.max(zm, 1)
+        s = tl.sum(tl.exp(zm - m[:, None]), 1)
+        sz = tl.sum(tl.where(cmask[None, :], z, 0.0), 1)
+        poff = rm.to(tl.int64) * s_p + pid_n
+        tl.store(pm_ptr + poff, m, mask=rmask)
+        tl.store(ps_ptr + poff, s, mask=rmask)
+        tl.store(pz_ptr + poff, sz, mask=rmask)
+        y = tl.load(y_ptr + rm * s_y, mask=rmask, other=-1)
+        zy = tl.sum(tl.where(rn[None, :] == y[:, None], z, 0.0), 1)
+        mine = rmask & (y >= pid_n * BN) & (y < pid_n * BN + BN) & (y < V)
+        tl.store(zy_ptr + rm, zy, mask=mine)
 
 
 @triton.jit
@@ -239,24 +269,26 @@ def _dz_gemm_kernel(h_ptr, w_ptr, b_ptr, y_ptr, lse_ptr, g_ptr, glse_ptr, den_pt
                     ignore_index, eps, lam, inv_v, cap,
                     G_ROWS: tl.constexpr, SCALED: tl.constexpr, HAS_GLSE: tl.constexpr,
                     HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
+                    FLAT: tl.constexpr):
     """Lean mode: logits of a vocabulary slab recomputed and turned into dZ in the epilogue
     (LSE known from the forward); with a bias, column sums of this row block's float32 dZ."""
-    pid_m, pid_n = _tile_ids(T, V, BM, BN, GROUP)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, 0, EVEN_K, PREC)
-    z = _logits(acc, b_ptr, rn, V, s_b, cap, HAS_BIAS, SOFTCAP)
-    rmask = rm < T
-    mask = rmask[:, None] & (rn[None, :] < V)
-    lse = tl.load(lse_ptr + rm, mask=rmask, other=0.0)
-    y, coef, gl = _row_coef(rm, rmask, y_ptr, s_y, g_ptr, s_g, den_ptr, glse_ptr, s_gl, ignore_index,
-                            G_ROWS, SCALED, HAS_GLSE)
-    dz = tl.where(mask, _dz(z, rn + v_off, y, lse, coef, gl, eps, lam, inv_v, cap, SOFTCAP), 0.0)
-    if HAS_BIAS:
-        tl.store(dbp_ptr + pid_m * s_dbp + rn, tl.sum(dz, 0), mask=rn < V)
-    tl.store(dz_ptr + rm.to(tl.int64)[:, None] * s_dzt + rn[None, :], dz.to(dz_ptr.dtype.element_ty), mask=mask)
+    for tile in tl.range(tl.program_id(0), _n_tiles(T, V, BM, BN), tl.num_programs(0), flatten=FLAT):
+        pid_m, pid_n = _tile_ids(tile, T, V, BM, BN, GROUP)
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, 0, EVEN_K, PREC)
+        z = _logits(acc, b_ptr, rn, V, s_b, cap, HAS_BIAS, SOFTCAP)
+        rmask = rm < T
+        mask = rmask[:, None] & (rn[None, :] < V)
+        lse = tl.load(lse_ptr + rm, mask=rmask, other=0.0)
+        y, coef, gl = _row_coef(rm, rmask, y_ptr, s_y, g_ptr, s_g, den_ptr, glse_ptr, s_gl, ignore_index,
+                                G_ROWS, SCALED, HAS_GLSE)
+        dz = tl.where(mask, _dz(z, rn + v_off, y, lse, coef, gl, eps, lam, inv_v, cap, SOFTCAP), 0.0)
+        if HAS_BIAS:
+            tl.store(dbp_ptr + pid_m * s_dbp + rn, tl.sum(dz, 0), mask=rn < V)
+        tl.store(dz_ptr + rm.to(tl.int64)[:, None] * s_dzt + rn[None, :], dz.to(dz_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -272,50 +304,54 @@ def _scale(g_ptr, den_ptr, APPLY_G: tl.constexpr):
 @triton.jit
 def _dw_kernel(dz_ptr, h_ptr, acc_ptr, out_ptr, g_ptr, den_ptr, V, H, T, s_dzt, s_ht, s_hk, s_acc, s_out,
                MODE: tl.constexpr, APPLY_G: tl.constexpr, GAP: tl.constexpr, EVEN_K: tl.constexpr,
-               PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+               PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
+               FLAT: tl.constexpr):
     """dweight tile = dZ^T @ hidden over T tokens. MODE 0: store into the float32 accumulator,
     1: add to it (later chunks), 2: finished here, scaled and stored in the output dtype."""
-    pid_m, pid_n = _tile_ids(V, H, BM, BN, GROUP)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    a_ptr = dz_ptr
-    if GAP > 0:
-        a_ptr = dz_ptr + ((pid_m * BM) // GAP) * GAP
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    acc = _mm(a_ptr, h_ptr, rm, rn, V, H, T, 1, s_dzt, s_ht, s_hk, acc, BK, 0, EVEN_K, PREC)
-    mask = (rm[:, None] < V) & (rn[None, :] < H)
-    if MODE == 2:
-        acc = acc * _scale(g_ptr, den_ptr, APPLY_G)
-        tl.store(out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :],
-                 acc.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        offs = rm.to(tl.int64)[:, None] * s_acc + rn[None, :]
-        if MODE == 1:
-            acc += tl.load(acc_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(acc_ptr + offs, acc.to(acc_ptr.dtype.element_ty), mask=mask)
+    for tile in tl.range(tl.program_id(0), _n_tiles(V, H, BM, BN), tl.num_programs(0), flatten=FLAT):
+        pid_m, pid_n = _tile_ids(tile, V, H, BM, BN, GROUP)
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        a_ptr = dz_ptr
+        if GAP > 0:
+            a_ptr = dz_ptr + ((pid_m * BM) // GAP) * GAP
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        acc = _mm(a_ptr, h_ptr, rm, rn, V, H, T, 1, s_dzt, s_ht, s_hk, acc, BK, 0, EVEN_K, PREC)
+        mask = (rm[:, None] < V) & (rn[None, :] < H)
+        if MODE == 2:
+            acc = acc * _scale(g_ptr, den_ptr, APPLY_G)
+            tl.store(out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :],
+                     acc.to(out_ptr.dtype.element_ty), mask=mask)
+        else:
+            offs = rm.to(tl.int64)[:, None] * s_acc + rn[None, :]
+            if MODE == 1:
+                acc += tl.load(acc_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(acc_ptr + offs, acc.to(acc_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _dh_kernel(dz_ptr, w_ptr, acc_ptr, out_ptr, g_ptr, den_ptr, T, H, V, s_dzt, s_wv, s_wk, s_acc, s_out,
                MODE: tl.constexpr, APPLY_G: tl.constexpr, GAP: tl.constexpr, EVEN_K: tl.constexpr,
-               PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+               PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
+               FLAT: tl.constexpr):
     """dhidden tile = dZ @ weight over V vocabulary entries. MODE 0: store float32, 1: add to the
     float32 accumulator, 2: scaled into the output, 3: accumulator + this tile, scaled into the output."""
-    pid_m, pid_n = _tile_ids(T, H, BM, BN, GROUP)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    acc = _mm(dz_ptr, w_ptr, rm, rn, T, H, V, s_dzt, 1, s_wv, s_wk, acc, BK, GAP, EVEN_K, PREC)
-    mask = (rm[:, None] < T) & (rn[None, :] < H)
-    offs = rm.to(tl.int64)[:, None] * s_acc + rn[None, :]
-    if MODE == 1 or MODE == 3:
-        acc += tl.load(acc_ptr + offs, mask=mask, other=0.0)
-    if MODE >= 2:
-        acc = acc * _scale(g_ptr, den_ptr, APPLY_G)
-        tl.store(out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :],
-                 acc.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.store(acc_ptr + offs, acc, mask=mask)
+    for tile in tl.range(tl.program_id(0), _n_tiles(T, H, BM, BN), tl.num_programs(0), flatten=FLAT):
+        pid_m, pid_n = _tile_ids(tile, T, H, BM, BN, GROUP)
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        acc = _mm(dz_ptr, w_ptr, rm, rn, T, H, V, s_dzt, 1, s_wv, s_wk, acc, BK, GAP, EVEN_K, PREC)
+        mask = (rm[:, None] < T) & (rn[None, :] < H)
+        offs = rm.to(tl.int64)[:, None] * s_acc + rn[None, :]
+        if MODE == 1 or MODE == 3:
+            acc += tl.load(acc_ptr + offs, mask=mask, other=0.0)
+        if MODE >= 2:
+            acc = acc * _scale(g_ptr, den_ptr, APPLY_G)
+            tl.store(out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :],
+                     acc.to(out_ptr.dtype.element_ty), mask=mask)
+        else:
+            tl.store(acc_ptr + offs, acc, mask=mask)
 
 
 @triton.jit

@@ -14,6 +14,7 @@ Two modes (specs/xent.md, "two honest designs"):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,7 @@ class Gemm:
     GROUP: int
     warps: int = 8
     stages: int = 3
+    persistent: bool = False  # grid = SM count, tiles looped in one flattened pipeline
 
 
 @dataclass(frozen=True)
@@ -44,22 +46,32 @@ class Config:
     slab: int  # vocabulary entries per slab (lean backward)
     vblock: int  # vocabulary tile of the dZ pass; 16-bit dZ gaps are this wide
     rows: int  # token rows per program of the dZ pass
-    logits: Gemm
-    dw: Gemm
-    dh: Gemm
-    dzg: Gemm
+    logits: Gemm  # logits + LSE partials (both modes' forward, fast backward)
+    dw: Gemm  # fast: dweight += dZ^T h over a chunk
+    dh: Gemm  # fast: dhidden = dZ W over the vocabulary
+    dzg: Gemm  # lean: logits of a slab straight into dZ
+    ldw: Gemm  # lean: dweight slab = dZ^T h over all tokens
+    ldh: Gemm  # lean: dhidden += dZ W_slab
 
 
 # Interpreter blocks are small so that the CPU sizes of the tests and presets span several of each.
 # adapter.py repeats BLOCK_N / BLOCK_V / BLOCK_H (it must not import this module); a test checks it.
 INTERPRETER = Config(chunk=16, slab=256, vblock=128, rows=16, logits=Gemm(16, 128, 16, 2),
-                     dw=Gemm(128, 16, 16, 1), dh=Gemm(16, 16, 64, 2), dzg=Gemm(16, 128, 16, 2))
+                     dw=Gemm(128, 16, 16, 1), dh=Gemm(16, 16, 64, 2), dzg=Gemm(16, 128, 16, 2),
+                     ldw=Gemm(128, 16, 16, 1), ldh=Gemm(16, 16, 64, 2))
 GPU = Config(chunk=2048, slab=8192, vblock=256, rows=16, logits=Gemm(128, 256, 64, 16),
-             dw=Gemm(128, 256, 64, 1), dh=Gemm(128, 256, 64, 8), dzg=Gemm(128, 256, 64, 8))
+             dw=Gemm(128, 256, 64, 1), dh=Gemm(128, 256, 64, 8), dzg=Gemm(128, 256, 64, 8),
+             ldw=Gemm(128, 256, 64, 1), ldh=Gemm(128, 256, 64, 8))
+# float32 operands: ieee dots run on the FMA units, where small tiles do as well and fit the registers
+_F32 = Gemm(64, 64, 32, 8, 4, 3)
+GPU_FP32 = Config(chunk=2048, slab=8192, vblock=256, rows=16, logits=_F32, dw=_F32, dh=_F32, dzg=_F32,
+                  ldw=_F32, ldh=_F32)
 
 
-def default_config(device: torch.device) -> Config:
-    return GPU if device.type == "cuda" else INTERPRETER
+def default_config(device: torch.device, dtype: torch.dtype) -> Config:
+    if device.type != "cuda":
+        return INTERPRETER
+    return GPU_FP32 if dtype == torch.float32 else GPU
 
 
 @dataclass
@@ -107,12 +119,20 @@ def _s0(t: Tensor | None) -> int:
 def _launch(kernel, grid, gemm: Gemm | None, *args, **const) -> None:
     if gemm is not None:
         const.update(BM=gemm.BM, BN=gemm.BN, BK=gemm.BK, GROUP=gemm.GROUP, num_warps=gemm.warps,
-                     num_stages=gemm.stages)
+                     num_stages=gemm.stages, FLAT=gemm.persistent)
     kernel[grid](*args, **const)
 
 
-def _grid(M: int, N: int, g: Gemm) -> tuple[int]:
-    return (triton.cdiv(M, g.BM) * triton.cdiv(N, g.BN),)
+@functools.cache
+def _sm_count(index: int | None) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _grid(M: int, N: int, g: Gemm, device: torch.device) -> tuple[int]:
+    tiles = triton.cdiv(M, g.BM) * triton.cdiv(N, g.BN)
+    if g.persistent and device.type == "cuda":
+        return (min(tiles, _sm_count(device.index)),)
+    return (tiles,)
 
 
 # float32 inputs get true float32 products (no TF32); 16-bit inputs ignore it
@@ -122,8 +142,8 @@ PREC = "ieee"
 def _logits(h, W, b, y, z, st, o: _Opts, cfg: Config) -> None:
     (T, H), V, g = h.shape, W.shape[0], cfg.logits
     pm, ps, pz, zy = st
-    _launch(K._logits_kernel, _grid(T, V, g), g, h, W, _or(b, pm), y, _or(z, pm), pm, ps, pz, zy, T, V, H,
-            h.stride(0), h.stride(1), W.stride(0), W.stride(1), _s0(b), y.stride(0), _s0(z), pm.stride(0),
+    _launch(K._logits_kernel, _grid(T, V, g, h.device), g, h, W, _or(b, pm), y, _or(z, pm), pm, ps, pz, zy,
+            T, V, H, h.stride(0), h.stride(1), W.stride(0), W.stride(1), _s0(b), y.stride(0), _s0(z), pm.stride(0),
             float(o.cap or 1.0), HAS_BIAS=b is not None, SOFTCAP=o.cap is not None, STORE_Z=z is not None,
             EVEN_K=H % g.BK == 0, PREC=PREC)
 
@@ -135,22 +155,22 @@ def _row_stats(st, y, lse, lt, V: int, o: _Opts) -> None:
             pm.stride(0), y.stride(0), o.ignore_index, o.eps, o.lam, 1.0 / V, BR=16, BT=64, num_warps=4)
 
 
-def _dw(dz, gap: int, h, acc, out, gr: _Grad | None, mode: int, cfg: Config) -> None:
+def _dw(dz, gap: int, h, acc, out, gr: _Grad | None, mode: int, g: Gemm) -> None:
     """dweight rows of dZ's vocabulary range: into ``acc`` (float32, mode 0/1) or ``out`` (mode 2)."""
-    (T, H), V, g = h.shape, _or(acc, out).shape[0], cfg.dw
+    (T, H), V = h.shape, _or(acc, out).shape[0]
     dummy = _or(acc, out)
     g_ptr, den_ptr = gr.scale_args() if gr is not None else (dummy, dummy)
-    _launch(K._dw_kernel, _grid(V, H, g), g, dz, h, dummy, _or(out, dummy), g_ptr, den_ptr, V, H, T,
+    _launch(K._dw_kernel, _grid(V, H, g, h.device), g, dz, h, dummy, _or(out, dummy), g_ptr, den_ptr, V, H, T,
             dz.stride(0), h.stride(0), h.stride(1), _s0(acc), _s0(out), MODE=mode,
             APPLY_G=gr is not None and gr.fold, GAP=gap, EVEN_K=T % g.BK == 0, PREC=PREC)
 
 
-def _dh(dz, gap: int, W, acc, out, gr: _Grad | None, mode: int, cfg: Config) -> None:
+def _dh(dz, gap: int, W, acc, out, gr: _Grad | None, mode: int, g: Gemm) -> None:
     """dhidden = dZ @ W over W's rows: modes of kernels._dh_kernel."""
-    T, (V, H), g = _or(acc, out).shape[0], W.shape, cfg.dh
+    T, (V, H) = _or(acc, out).shape[0], W.shape
     dummy = _or(acc, out)
     g_ptr, den_ptr = gr.scale_args() if gr is not None else (dummy, dummy)
-    _launch(K._dh_kernel, _grid(T, H, g), g, dz, W, dummy, _or(out, dummy), g_ptr, den_ptr, T, H, V,
+    _launch(K._dh_kernel, _grid(T, H, g, W.device), g, dz, W, dummy, _or(out, dummy), g_ptr, den_ptr, T, H, V,
             dz.stride(0), W.stride(0), W.stride(1), _s0(acc), _s0(out), MODE=mode,
             APPLY_G=gr is not None and gr.fold, GAP=gap, EVEN_K=V % g.BK == 0, PREC=PREC)
 
@@ -200,9 +220,9 @@ def _chunks(h, W, b, y, o: _Opts, cfg: Config, lse, lt, gr: _Grad | None = None,
                 lse[t0:], *ptrs, _or(dbp, z), c, V, z.stride(0), dz.stride(0), yc.stride(0), *strides,
                 _s0(dbp), *o.row_args(V), SOFTCAP=o.cap is not None, HAS_BIAS=b is not None,
                 GAPPED=gap > 0, BR=cfg.rows, BV=cfg.vblock, num_warps=4, **flags)
-        _dw(dz, gap, hc, dw, None, None, 0 if t0 == 0 else 1, cfg)
+        _dw(dz, gap, hc, dw, None, None, 0 if t0 == 0 else 1, cfg.dw)
         _dh(dz, gap, W, dh[t0:t0 + c] if dh_mode == 0 else None, dh[t0:t0 + c] if dh_mode == 2 else None,
-            gr, dh_mode, cfg)
+            gr, dh_mode, cfg.dh)
         if b is not None:
             _colsum(dbp, triton.cdiv(c, cfg.rows), db, accumulate=t0 > 0)
     return dw, db
@@ -223,13 +243,13 @@ def _lean_backward(h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Config):
         Ws = W[v0:v0 + s]
         bs = b[v0:v0 + s] if b is not None else None
         dbs = dbp[:, v0:] if dbp is not None else None
-        _launch(K._dz_gemm_kernel, _grid(T, s, g), g, h, Ws, _or(bs, dz), y, lse, *ptrs, dz, _or(dbs, dz),
-                T, s, H, v0, h.stride(0), h.stride(1), Ws.stride(0), Ws.stride(1), _s0(bs), y.stride(0),
+        _launch(K._dz_gemm_kernel, _grid(T, s, g, h.device), g, h, Ws, _or(bs, dz), y, lse, *ptrs, dz,
+                _or(dbs, dz), T, s, H, v0, h.stride(0), h.stride(1), Ws.stride(0), Ws.stride(1), _s0(bs), y.stride(0),
                 *strides, dz.stride(0), _s0(dbs), *o.row_args(V), HAS_BIAS=b is not None,
                 SOFTCAP=o.cap is not None, EVEN_K=H % g.BK == 0, PREC=PREC, **flags)
-        _dw(dz, 0, h, None, dw[v0:v0 + s], gr, 2, cfg)
+        _dw(dz, 0, h, None, dw[v0:v0 + s], gr, 2, cfg.ldw)
         mode = 2 if n_slabs == 1 else 0 if i == 0 else 3 if i == n_slabs - 1 else 1
-        _dh(dz, 0, Ws, acc, dh if mode >= 2 else None, gr, mode, cfg)
+        _dh(dz, 0, Ws, acc, dh if mode >= 2 else None, gr, mode, cfg.ldh)
     db = None
     if b is not None:
         db32 = torch.empty((V,), dtype=F32, device=h.device)
@@ -319,7 +339,7 @@ def fused_linear_xent(hidden: Tensor, weight: Tensor, bias: Tensor | None = None
     use_norm = normalizer is not None
     o = _Opts(int(ignore_index), reduction, float(label_smoothing), float(z_loss),
               float(softcap) if softcap else None, float(normalizer) if use_norm else None)
-    cfg = config or default_config(hidden.device)
+    cfg = config or default_config(hidden.device, hidden.dtype)
     loss, lse = FusedLinearXent.apply(hidden, weight, bias, targets, o, mode == "lean", cfg, return_lse)
     return {"loss": loss, "lse": lse} if return_lse else {"loss": loss}
 

@@ -1,0 +1,97 @@
+"""Ahead-of-time compile targets of the fused_linear_xent kernels (the GPU's constexpr combos).
+
+Compiled for sm_90 in CI without a GPU. Block sizes and launch options are those of ``wrapper.GPU``;
+unit strides are constexpr 1 and sizes/pointers 16-aligned, as the JIT specializes them for the
+contiguous production shapes (N = 8192, H = 4096, V = 128256).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import kernels as K
+from .wrapper import GPU, GPU_FP32, Gemm
+
+_PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
+_DATA = {"h_ptr", "w_ptr", "b_ptr", "dz_ptr", "out_ptr", "dst_ptr"}
+_FLOATS = {"cap", "eps", "lam", "inv_v", "norm"}
+# integer arguments a production launch passes as multiples of 16 (sizes, row strides)
+_ALIGNED = {"T", "V", "H", "n", "s_ht", "s_wv", "s_zt", "s_dzt", "s_acc", "s_out", "s_dbp"}
+
+
+def _target(name: str, fn, dtype: torch.dtype, constexprs: dict, ones: tuple[str, ...] = (),
+            gemm: Gemm | None = None, warps: int = 4) -> dict:
+    consts = dict(constexprs)
+    if gemm is not None:
+        consts.update(BM=gemm.BM, BN=gemm.BN, BK=gemm.BK, GROUP=gemm.GROUP, FLAT=gemm.persistent)
+    consts.update({a: 1 for a in ones})
+    sig, aligned = {}, []
+    for a in fn.arg_names:
+        if a in consts:
+            sig[a] = "constexpr"
+        elif a.endswith("_ptr"):
+            sig[a] = _PTR[dtype] if a in _DATA else "*i64" if a == "y_ptr" else "*fp32"
+            aligned.append(a)
+        elif a in _FLOATS:
+            sig[a] = "fp32"
+        else:
+            sig[a] = "i32"
+            if a in _ALIGNED:
+                aligned.append(a)
+    opts = {"num_warps": gemm.warps if gemm else warps, "num_stages": gemm.stages if gemm else 3}
+    return {"name": f"{name}-{str(dtype).replace('torch.', '')}", "kernel": fn, "signature": sig,
+            "constexprs": consts, "options": opts, "aligned": tuple(aligned)}
+
+
+def _cfg(dtype: torch.dtype):
+    return GPU_FP32 if dtype == torch.float32 else GPU
+
+
+def _coef(rows: bool, scaled: bool, glse: bool) -> dict:
+    return {"G_ROWS": rows, "SCALED": scaled, "HAS_GLSE": glse}
+
+
+def aot_targets() -> list[dict]:
+    """Every kernel in bf16 with the flags of both gradient paths; fp32 and fp16 on the GEMMs whose
+    operand layouts differ (float32 dots with ieee precision; fp16 dZ with gaps)."""
+    bf, f32, f16 = torch.bfloat16, torch.float32, torch.float16
+    gap = GPU.vblock
+    out = []
+    for dt in (bf, f32, f16):
+        out.append(_target("logits-z", K._logits_kernel, dt,
+                           dict(HAS_BIAS=True, SOFTCAP=dt == bf, STORE_Z=True, EVEN_K=True, PREC="ieee"),
+                           ("s_hk", "s_wk", "s_b", "s_y"), _cfg(dt).logits))
+    out.append(_target("logits-stats", K._logits_kernel, bf,
+                       dict(HAS_BIAS=False, SOFTCAP=False, STORE_Z=False, EVEN_K=False, PREC="ieee"),
+                       ("s_hk", "s_wk", "s_y"), GPU.logits))
+    out.append(_target("row-stats", K._row_stats_kernel, f32, dict(BR=16, BT=64), ("s_y",)))
+    for norm in (False, True):
+        out.append(_target(f"loss-norm{int(norm)}", K._loss_kernel, f32,
+                           dict(MEAN=True, HAS_NORM=norm, BLOCK=1024), ("s_y",)))
+    dz_flags = dict(SOFTCAP=True, HAS_BIAS=True, BR=GPU.rows, BV=gap)
+    out.append(_target("dz-chunk-fold", K._dz_chunk_kernel, bf, {**dz_flags, **_coef(False, False, False),
+                                                                   "GAPPED": True}, ("s_y",)))
+    out.append(_target("dz-chunk-rows", K._dz_chunk_kernel, bf, {**dz_flags, **_coef(True, True, True),
+                                                                   "GAPPED": True}, ("s_y", "s_g", "s_gl")))
+    out.append(_target("dz-chunk-fold", K._dz_chunk_kernel, f32, {**dz_flags, **_coef(False, False, False),
+                                                                    "GAPPED": False}, ("s_y",)))
+    for dt, coef in ((bf, _coef(False, False, False)), (bf, _coef(True, True, True)),
+                     (f32, _coef(False, True, True))):
+        out.append(_target(f"dz-gemm-rows{int(coef['G_ROWS'])}", K._dz_gemm_kernel, dt,
+                           dict(HAS_BIAS=True, SOFTCAP=True, EVEN_K=True, PREC="ieee", **coef),
+                           ("s_hk", "s_wk", "s_b", "s_y"), _cfg(dt).dzg))
+    for dt, mode, g, fold in ((bf, 0, gap, False), (bf, 1, gap, False), (bf, 2, 0, True),
+                              (f16, 1, gap, False), (f32, 1, 0, False)):
+        out.append(_target(f"dw-mode{mode}-gap{g}", K._dw_kernel, dt,
+                           dict(MODE=mode, APPLY_G=fold, GAP=g, EVEN_K=True, PREC="ieee"), ("s_hk",),
+                           _cfg(dt).ldw if mode == 2 else _cfg(dt).dw))
+    for dt, mode, g, fold in ((bf, 0, gap, True), (bf, 2, gap, True), (bf, 1, 0, False), (bf, 3, 0, True),
+                              (f16, 0, gap, True), (f32, 0, 0, True)):
+        out.append(_target(f"dh-mode{mode}-gap{g}", K._dh_kernel, dt,
+                           dict(MODE=mode, APPLY_G=fold, GAP=g, EVEN_K=True, PREC="ieee"), ("s_wk",),
+                           _cfg(dt).dh if g else _cfg(dt).ldh))
+    for acc in (False, True):
+        out.append(_target(f"colsum-acc{int(acc)}", K._colsum_kernel, f32, dict(ACCUM=acc, BR=8, BV=256)))
+    for dt in (bf, f32):
+        out.append(_target("cast", K._cast_kernel, dt, dict(APPLY_G=True, BLOCK=4096), warps=8))
+    return out
