@@ -1,0 +1,19 @@
+"""Registers the TileLang backend of ``mhc_pre`` (no tilelang or torch.cuda import here)."""
+
+from harness import Backend, register_backend
+
+_DIR = "backends/tilelang/mhc_pre/"
+
+register_backend(Backend(
+    operator="mhc_pre", name="tilelang", impl=".wrapper:mhc_pre_tilelang", package=__package__,
+    devices=("cuda",), requires=("tilelang",),
+    dtypes=("float32", "bfloat16", "float16"),
+    # forward: tiles of BLOCK_T tokens x BLOCK_ND flattened features (kernels.plan BT, BK); the dx
+    # kernel's tiles are BLOCK_T tokens x (per stream) 64 features for n = 3, 4 (other n: plan.BD)
+    blocks={"BLOCK_ND": 64, "BLOCK_T": 64},
+    sources=tuple(_DIR + f for f in ("kernels.py", "wrapper.py", "adapter.py")),
+    deterministic=True, matmul_precision="ieee",
+    description="TileLang: forward = per token tile, h_mix on bf16 tensor cores (operands split into "
+                "bf16 pieces: float32-accurate products) + sum of squares, coefficients, then h_in "
+                "(x read twice); backward = per-token scalars with dh_pre, then dx and dphi partials "
+                "per (D slice of all streams, token split), fixed-order reductions"))
