@@ -16,17 +16,24 @@
 //    the saved per-row (max, log sum): read N*V*2 + write N*V*2. With skip_if_one it first reads g
 //    on the device and returns at once when g == 1 (the forward's dlogits are then already right),
 //    so the common loss.backward() costs no extra pass and needs no host synchronisation.
+//    loss.backward() moves 2*N*V*2 bytes in all; a scaled loss (g != 1) 4*N*V*2.
 //  * Without a wanted gradient (or for reduction "none", whose g is per row) the forward only reads
 //    the logits (N*V*2) and the backward reads + writes (2*N*V*2).
 //  * Loss reductions are deterministic: per-row losses go to a float buffer and one block sums them
 //    in a fixed order. No float atomics anywhere; results are bitwise reproducible.
+//  * Any blockDim <= 1024 works (grid-stride loops, partial-warp reductions); the launchers use
+//    g_block threads and return the launch error otherwise.
 //
-// Numerics: float32 accumulation throughout; p = exp((z - m) - log s) keeps z - m exact for close
-// values (extreme logits +-1e4); the target's (p - 1) is formed in float32 before the single
-// rounding to the output dtype (bf16 cancellation in confident rows).
-// Compensated summation: each thread sums about V/blockDim exp terms, then a fixed tree combines the
-// threads. Measured on an H100 (scratch run, fp32 logits, V=128256, N=256, randn*2):
-// see KAHAN_NOTE below; the compensated variant is compiled only with -DXENT_KAHAN.
+// Numerics: float32 accumulation throughout; p = exp((z - m) - log1p(r)) keeps z - m exact for close
+// values (extreme logits +-1e4); r excludes one max element so confident rows keep their digits; the
+// target's p - 1 is expm1(log p) in float32, rounded to the output dtype once (no bf16 cancellation).
+//
+// Compensated (Kahan) summation: not used, because it does not help here. Measured on an H200
+// (fp32 logits randn * {1, 2, 10}, V = 128256, N = 256): the kernel's LSE error against float64 is at
+// most 5.8e-7, 3.8e-7, 1.2e-7 (under half an ulp of LSE) without it and 6.4e-7, 3.8e-7, 1.2e-7 with
+// it (-DXENT_KAHAN), since each thread adds only ~V/blockDim terms before a fixed tree. The seed's
+// single sequential float32 loop does lose digits: 2.8e-5 relative at V = 128256 (Kahan: 3.7e-8),
+// but 9e-8 at its V = 34, so summation was not its 41% gradient error.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -42,28 +49,33 @@ enum : int { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 enum : int { RED_NONE = 0, RED_MEAN = 1, RED_SUM = 2 };
 
 // ---- dtype traits: 16-byte vectors of VEC elements ------------------------------------------------
+// Host-callable too, so that scratch host programs can run the per-thread passes below.
+// FAST: exp via exp2f(x * log2 e) (one MUFU op) for 16-bit dtypes, where its few-ulp float32 error
+// is far below the output's rounding; float32 logits keep the accurate expf.
 
 template <typename T> struct Ty;
 
 template <> struct Ty<float> {
   static constexpr int VEC = 4;
-  __device__ static float to_f(float x) { return x; }
-  __device__ static float from_f(float x) { return x; }
-  __device__ static void unpack(const uint4& u, float* o) {
-    o[0] = __uint_as_float(u.x); o[1] = __uint_as_float(u.y);
-    o[2] = __uint_as_float(u.z); o[3] = __uint_as_float(u.w);
+  static constexpr bool FAST = false;
+  __host__ __device__ static float to_f(float x) { return x; }
+  __host__ __device__ static float from_f(float x) { return x; }
+  __host__ __device__ static void unpack(const uint4& u, float* o) {
+    const float4 f = *reinterpret_cast<const float4*>(&u);
+    o[0] = f.x; o[1] = f.y; o[2] = f.z; o[3] = f.w;
   }
-  __device__ static uint4 pack(const float* o) {
-    return make_uint4(__float_as_uint(o[0]), __float_as_uint(o[1]), __float_as_uint(o[2]),
-                      __float_as_uint(o[3]));
+  __host__ __device__ static uint4 pack(const float* o) {
+    const float4 f = make_float4(o[0], o[1], o[2], o[3]);
+    return *reinterpret_cast<const uint4*>(&f);
   }
 };
 
 template <> struct Ty<__nv_bfloat16> {
   static constexpr int VEC = 8;
-  __device__ static float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-  __device__ static __nv_bfloat16 from_f(float x) { return __float2bfloat16_rn(x); }
-  __device__ static void unpack(const uint4& u, float* o) {
+  static constexpr bool FAST = true;
+  __host__ __device__ static float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+  __host__ __device__ static __nv_bfloat16 from_f(float x) { return __float2bfloat16_rn(x); }
+  __host__ __device__ static void unpack(const uint4& u, float* o) {
     const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -71,7 +83,7 @@ template <> struct Ty<__nv_bfloat16> {
       o[2 * k] = f.x; o[2 * k + 1] = f.y;
     }
   }
-  __device__ static uint4 pack(const float* o) {
+  __host__ __device__ static uint4 pack(const float* o) {
     uint4 u;
     __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
 #pragma unroll
@@ -82,9 +94,10 @@ template <> struct Ty<__nv_bfloat16> {
 
 template <> struct Ty<__half> {
   static constexpr int VEC = 8;
-  __device__ static float to_f(__half x) { return __half2float(x); }
-  __device__ static __half from_f(float x) { return __float2half_rn(x); }
-  __device__ static void unpack(const uint4& u, float* o) {
+  static constexpr bool FAST = true;
+  __host__ __device__ static float to_f(__half x) { return __half2float(x); }
+  __host__ __device__ static __half from_f(float x) { return __float2half_rn(x); }
+  __host__ __device__ static void unpack(const uint4& u, float* o) {
     const __half2* h = reinterpret_cast<const __half2*>(&u);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -92,7 +105,7 @@ template <> struct Ty<__half> {
       o[2 * k] = f.x; o[2 * k + 1] = f.y;
     }
   }
-  __device__ static uint4 pack(const float* o) {
+  __host__ __device__ static uint4 pack(const float* o) {
     uint4 u;
     __half2* h = reinterpret_cast<__half2*>(&u);
 #pragma unroll
@@ -101,11 +114,21 @@ template <> struct Ty<__half> {
   }
 };
 
-template <typename T> __device__ __forceinline__ float round_to(float x) {
-  return Ty<T>::to_f(Ty<T>::from_f(x));
+template <typename T> constexpr int vec_of() { return 16 / (int)sizeof(T); }
+
+template <bool FAST> __host__ __device__ __forceinline__ float ex(float x) {
+  if (FAST) return exp2f(x * 1.4426950408889634f);
+  return expf(x);
 }
 
-template <typename T> constexpr int vec_of() { return 16 / (int)sizeof(T); }
+// dlogits are written once and never re-read here: streaming stores keep them out of the way in L2
+__host__ __device__ __forceinline__ void store_stream(uint4* p, const uint4& v) {
+#ifdef __CUDA_ARCH__
+  __stcs(p, v);
+#else
+  *p = v;
+#endif
+}
 
 // ---- geometry: one block's share of a row ---------------------------------------------------------
 // A row is: `h` scalar head elements up to the first 16-byte aligned address, `nb` aligned vectors
@@ -179,34 +202,47 @@ __host__ __device__ __forceinline__ void ms_merge(MS& a, const MS& b) {
   }
 }
 
+__host__ __device__ __forceinline__ void kahan_add(float& r, float& comp, float e) {
+#ifdef XENT_KAHAN
+  const float yk = e - comp;
+  const float t = r + yk;
+  comp = (t - r) - yk;
+  r = t;
+#else
+  (void)comp;
+  r += e;
+#endif
+}
+
 // Per-thread accumulation of n values; `comp` is the Kahan compensation (only with XENT_KAHAN).
+template <bool FAST>
 __host__ __device__ __forceinline__ void ms_add(MS& a, float& comp, const float* x, int n) {
   float lm = x[0];
   for (int k = 1; k < n; ++k) lm = fmaxf(lm, x[k]);
-  bool skip = false;
-  if (lm > a.m) {  // new max: the old excluded element becomes a term, the new max is excluded
+  if (lm > a.m) {  // rare after the first vectors: new max, the old excluded element becomes a term
     const float f = expf(a.m - lm);  // 0 when a.m = -inf (then r = 0 too)
     a.r = (a.r + 1.f) * f;
     comp *= f;
     a.m = lm;
-    skip = true;
-  }
-  for (int k = 0; k < n; ++k) {
-    a.z += x[k];
-    if (skip && x[k] == a.m) {
-      skip = false;
-      continue;
+    bool skip = true;
+    for (int k = 0; k < n; ++k) {
+      a.z += x[k];
+      if (skip && x[k] == lm) {  // the new max itself is the excluded element
+        skip = false;
+        continue;
+      }
+      kahan_add(a.r, comp, x[k] == -INFINITY ? 0.f : ex<FAST>(x[k] - a.m));
     }
-    // -inf logits contribute exactly 0 (and never exp(-inf - -inf) = NaN); NaN logits propagate
-    const float e = x[k] == -INFINITY ? 0.f : expf(x[k] - a.m);
-#ifdef XENT_KAHAN
-    const float yk = e - comp;
-    const float t = a.r + yk;
-    comp = (t - a.r) - yk;
-    a.r = t;
-#else
-    a.r += e;
-#endif
+  } else if (a.m == -INFINITY) {  // only -inf (adds 0) or NaN (propagates) can be here
+    for (int k = 0; k < n; ++k) {
+      a.z += x[k];
+      a.r += x[k] == -INFINITY ? 0.f : x[k];
+    }
+  } else {  // the common case: a finite max, exp(-inf - m) = 0 exactly
+    for (int k = 0; k < n; ++k) {
+      a.z += x[k];
+      kahan_add(a.r, comp, ex<FAST>(x[k] - a.m));
+    }
   }
 }
 
@@ -249,28 +285,94 @@ struct Coef {
   float b;        // eps / V
   float t;        // 1 - eps
   float c;        // mu g / D
+  float gy;       // the target's gradient (grad_target), computed once per row
   bool zero;      // ignored row (or D == 0): write exact zeros, read nothing
 };
 
-__host__ __device__ __forceinline__ float grad_elem(float x, bool tgt, const Coef& k) {
-  const float arg = (x - k.m) - k.logs;  // log p; z - m is exact for close values (+-1e4 logits)
-  // target: a p - (1-eps) - eps/V = a (p - 1) + (a - (1-eps)) - eps/V, with p - 1 = expm1(log p) in
-  // float32: no cancellation even where p rounds to 1, and one rounding to T by the caller
-  if (tgt) return k.c * (k.a * expm1f(arg) + ((k.a - k.t) - k.b));
-  return k.c * (k.a * expf(arg) - k.b);
+template <bool FAST>
+__host__ __device__ __forceinline__ float grad_elem(float x, const Coef& k) {
+  return k.c * (k.a * ex<FAST>((x - k.m) - k.logs) - k.b);  // z - m is exact for close values
 }
 
-// Pass 2: write dlogits for one block's share of a row, reading the body from `cache` (shared
-// memory, same thread -> vector mapping as pass 1) when given, else from global memory.
+// a p - (1-eps) - eps/V = a (p - 1) + (a - (1-eps)) - eps/V, with p - 1 = expm1(log p) in float32:
+// no cancellation even where p rounds to 1 (confident rows), and one rounding to T by the caller.
+__host__ __device__ __forceinline__ float grad_target(float xy, const Coef& k) {
+  return k.c * (k.a * expm1f((xy - k.m) - k.logs) + ((k.a - k.t) - k.b));
+}
+
+__host__ __device__ __forceinline__ Coef make_coef(float m, float logs, bool valid, bool in_range, float gD,
+                                                   float eps, float lam, int64_t V, float xy) {
+  Coef k;
+  k.m = m;
+  k.logs = logs;
+  k.a = lam != 0.f ? 1.f + 2.f * lam * (m + logs) : 1.f;
+  k.b = eps != 0.f ? eps / (float)V : 0.f;
+  k.t = 1.f - eps;
+  // an out-of-range target (neither valid nor ignore_index) poisons its row with NaN
+  k.c = in_range ? gD : NAN;
+  k.zero = (!valid || gD == 0.f) && in_range;
+  k.gy = grad_target(xy, k);
+  return k;
+}
+
+// ---- the per-thread passes (threads tid, tid + nt, ... of a block) --------------------------------
+
+// Pass 1: accumulate this thread's elements of the block's share; park body vectors in `cp` if given.
 template <typename T>
-__device__ void write_grad(const T* __restrict__ x, T* __restrict__ d, const Span& sp, int64_t y,
-                           const Coef& k, const T* cache) {
-  const int tid = threadIdx.x, nt = blockDim.x;
+__host__ __device__ void pass1_thread(const T* __restrict__ x, const Span& sp, int tid, int nt, T* cp, MS& acc,
+                                      float& comp) {
+  constexpr bool FAST = Ty<T>::FAST;
+  for (int64_t j = tid; j < sp.head_hi; j += nt) {
+    const float v = Ty<T>::to_f(x[j]);
+    ms_add<FAST>(acc, comp, &v, 1);
+  }
+  for (int64_t j = sp.tail_lo + tid; j < sp.tail_hi; j += nt) {
+    const float v = Ty<T>::to_f(x[j]);
+    ms_add<FAST>(acc, comp, &v, 1);
+  }
+  if (sp.w > 1) {
+    constexpr int W = Ty<T>::VEC;
+    for (int64_t i0 = sp.v0 + tid; i0 < sp.v1; i0 += (int64_t)kUnroll * nt) {
+      uint4 u[kUnroll];
+#pragma unroll
+      for (int q = 0; q < kUnroll; ++q) {
+        const int64_t i = i0 + (int64_t)q * nt;
+        if (i < sp.v1) u[q] = *reinterpret_cast<const uint4*>(x + sp.base + i * W);
+      }
+#pragma unroll
+      for (int q = 0; q < kUnroll; ++q) {
+        const int64_t i = i0 + (int64_t)q * nt;
+        if (i >= sp.v1) break;
+        if (cp) reinterpret_cast<uint4*>(cp)[i - sp.v0] = u[q];
+        float v[W];
+        Ty<T>::unpack(u[q], v);
+        ms_add<FAST>(acc, comp, v, W);
+      }
+    }
+  } else {
+    for (int64_t i = sp.v0 + tid; i < sp.v1; i += nt) {
+      const T raw = x[sp.base + i];
+      if (cp) cp[i - sp.v0] = raw;
+      const float v = Ty<T>::to_f(raw);
+      ms_add<FAST>(acc, comp, &v, 1);
+    }
+  }
+#ifdef XENT_KAHAN
+  acc.r -= comp;
+#endif
+}
+
+// Pass 2: write dlogits for this thread's elements, reading the body from `cache` (same thread ->
+// vector mapping as pass 1) when given, else from global memory.
+template <typename T>
+__host__ __device__ void pass2_thread(const T* __restrict__ x, T* __restrict__ d, const Span& sp, int tid,
+                                      int nt, int64_t y, const Coef& k, const T* cache) {
+  constexpr bool FAST = Ty<T>::FAST;
   const T zero = Ty<T>::from_f(0.f);
   for (int64_t j = tid; j < sp.head_hi; j += nt)
-    d[j] = k.zero ? zero : Ty<T>::from_f(grad_elem(Ty<T>::to_f(x[j]), j == y, k));
+    d[j] = k.zero ? zero : Ty<T>::from_f(j == y ? k.gy : grad_elem<FAST>(Ty<T>::to_f(x[j]), k));
   for (int64_t j = sp.tail_lo + tid; j < sp.tail_hi; j += nt)
-    d[j] = k.zero ? zero : Ty<T>::from_f(grad_elem(Ty<T>::to_f(x[j]), j == y, k));
+    d[j] = k.zero ? zero : Ty<T>::from_f(j == y ? k.gy : grad_elem<FAST>(Ty<T>::to_f(x[j]), k));
   if (sp.w > 1) {
     constexpr int W = Ty<T>::VEC;
     for (int64_t i0 = sp.v0 + tid; i0 < sp.v1; i0 += (int64_t)kUnroll * nt) {
@@ -293,34 +395,20 @@ __device__ void write_grad(const T* __restrict__ x, T* __restrict__ d, const Spa
           for (int e = 0; e < W; ++e) o[e] = 0.f;
         } else {
           Ty<T>::unpack(u[q], v);
+          const int64_t rel = y - j0;  // the target's slot in this vector, if any
 #pragma unroll
-          for (int e = 0; e < W; ++e) o[e] = grad_elem(v[e], j0 + e == y, k);
+          for (int e = 0; e < W; ++e) o[e] = rel == e ? k.gy : grad_elem<FAST>(v[e], k);
         }
-        __stcs(reinterpret_cast<uint4*>(d + j0), Ty<T>::pack(o));
+        store_stream(reinterpret_cast<uint4*>(d + j0), Ty<T>::pack(o));
       }
     }
   } else {
     for (int64_t i = sp.v0 + tid; i < sp.v1; i += nt) {
       const int64_t j = sp.base + i;
       d[j] = k.zero ? zero
-                    : Ty<T>::from_f(grad_elem(Ty<T>::to_f(cache ? cache[i - sp.v0] : x[j]), j == y, k));
+                    : Ty<T>::from_f(j == y ? k.gy : grad_elem<FAST>(Ty<T>::to_f(cache ? cache[i - sp.v0] : x[j]), k));
     }
   }
-}
-
-__host__ __device__ __forceinline__ Coef make_coef(float m, float logs, bool valid, bool in_range, float gD,
-                                          float eps, float lam, int64_t V) {
-  Coef k;
-  k.m = m;
-  k.logs = logs;
-  k.a = lam != 0.f ? 1.f + 2.f * lam * (m + logs) : 1.f;
-  k.b = eps != 0.f ? eps / (float)V : 0.f;
-  k.t = 1.f - eps;
-  // an out-of-range target (neither valid nor ignore_index) poisons its row with NaN
-  k.c = in_range ? gD : NAN;
-  k.zero = !valid || gD == 0.f;
-  if (!in_range && valid) k.zero = false;
-  return k;
 }
 
 // ---- kernels -------------------------------------------------------------------------------------
@@ -350,40 +438,7 @@ xent_rows_kernel(const T* __restrict__ logits, int64_t V, int64_t ls, const int6
 
   MS acc = ms_identity();
   float comp = 0.f;
-  if (valid) {  // ignored rows are never read
-    for (int64_t j = tid; j < sp.head_hi; j += nt) { const float v = Ty<T>::to_f(x[j]); ms_add(acc, comp, &v, 1); }
-    for (int64_t j = sp.tail_lo + tid; j < sp.tail_hi; j += nt) { const float v = Ty<T>::to_f(x[j]); ms_add(acc, comp, &v, 1); }
-    if (w > 1) {
-      constexpr int W = Ty<T>::VEC;
-      for (int64_t i0 = sp.v0 + tid; i0 < sp.v1; i0 += (int64_t)kUnroll * nt) {
-        uint4 u[kUnroll];
-#pragma unroll
-        for (int q = 0; q < kUnroll; ++q) {
-          const int64_t i = i0 + (int64_t)q * nt;
-          if (i < sp.v1) u[q] = *reinterpret_cast<const uint4*>(x + sp.base + i * W);
-        }
-#pragma unroll
-        for (int q = 0; q < kUnroll; ++q) {
-          const int64_t i = i0 + (int64_t)q * nt;
-          if (i >= sp.v1) break;
-          if (cp) reinterpret_cast<uint4*>(cp)[i - sp.v0] = u[q];
-          float v[W];
-          Ty<T>::unpack(u[q], v);
-          ms_add(acc, comp, v, W);
-        }
-      }
-    } else {
-      for (int64_t i = sp.v0 + tid; i < sp.v1; i += nt) {
-        const T raw = x[sp.base + i];
-        if (cp) cp[i - sp.v0] = raw;
-        const float v = Ty<T>::to_f(raw);
-        ms_add(acc, comp, &v, 1);
-      }
-    }
-#ifdef XENT_KAHAN
-    acc.r -= comp;
-#endif
-  }
+  if (valid) pass1_thread<T>(x, sp, tid, nt, cp, acc, comp);  // ignored rows are never read
   MS tot = block_reduce(acc, wbuf, &red);
   if (parts > 1) {
     __cluster_barrier_arrive();  // release: `red` is visible to the cluster
@@ -394,14 +449,14 @@ xent_rows_kernel(const T* __restrict__ logits, int64_t V, int64_t ls, const int6
     __cluster_barrier_arrive();  // done reading the others' `red`; waited for before exit
   }
   const float m = tot.m, logs = log1pf(tot.r);
+  const float xy = valid && in_range ? Ty<T>::to_f(x[y]) : 0.f;
   if (part == 0 && tid == 0) {
     stats[row] = make_float2(m, logs);
     float l = 0.f;
     if (valid && !in_range) {
       l = NAN;
     } else if (valid) {
-      const float zy = Ty<T>::to_f(x[y]);
-      l = (1.f - eps) * ((m - zy) + logs);
+      l = (1.f - eps) * ((m - xy) + logs);
       if (eps != 0.f) l += eps * ((m - tot.z / (float)V) + logs);
       if (lam != 0.f) { const float lse = m + logs; l += lam * lse * lse; }
     }
@@ -409,8 +464,8 @@ xent_rows_kernel(const T* __restrict__ logits, int64_t V, int64_t ls, const int6
   }
   if (dlog) {
     const float D = *denom;
-    const Coef k = make_coef(m, logs, valid, in_range, D == 0.f ? 0.f : 1.f / D, eps, lam, V);
-    write_grad<T>(x, dlog + row * ds, sp, y, k, cp);
+    const Coef k = make_coef(m, logs, valid, in_range, D == 0.f ? 0.f : 1.f / D, eps, lam, V, xy);
+    pass2_thread<T>(x, dlog + row * ds, sp, tid, nt, y, k, cp);
   }
   if (parts > 1) __cluster_barrier_wait();
 }
@@ -434,9 +489,10 @@ xent_grad_kernel(const T* __restrict__ logits, int64_t V, int64_t ls, const int6
                             parts, part);
   const float D = *denom;
   const float2 st = stats[row];
+  const float xy = valid && in_range ? Ty<T>::to_f(x[y]) : 0.f;
   const Coef k = make_coef(st.x, st.y, valid, in_range, D == 0.f || !valid ? 0.f : g[row * gs] / D, eps,
-                           lam, V);
-  write_grad<T>(x, dlog + row * ds, sp, y, k, nullptr);
+                           lam, V, xy);
+  pass2_thread<T>(x, dlog + row * ds, sp, threadIdx.x, blockDim.x, y, k, nullptr);
 }
 
 // D: the valid-token count (mean without normalizer) or a given value (normalizer, or 1).
@@ -478,7 +534,8 @@ __global__ void xent_finalize_kernel(const float* __restrict__ row_loss, int64_t
 
 // ---- host side -----------------------------------------------------------------------------------
 
-int g_block = 1024;           // threads per block of the row kernels
+int g_block = 512;            // threads per block: 2 blocks per SM at <= 64 registers, so one
+                              // block's loads overlap another's arithmetic
 int g_parts = 0;              // 0: pick the cluster size; > 0 force it (experiments)
 int g_cache = 1;              // park the row in shared memory when it fits
 int g_cap = 112 * 1024;       // shared-memory budget per block for the row cache (2 blocks per SM)
