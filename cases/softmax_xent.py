@@ -212,6 +212,8 @@ def smoke(device: str) -> list[Case]:
           label_smoothing=0.1),
         C("N4-V1025-zloss-none", 4, 1025, ("V>1024", "z-loss", "none"), ignored=0.2, z_loss=1e-2,
           reduction="none"),
+        # loss.backward(): an upstream gradient of exactly 1, a path kernels may special-case
+        C("N6-V1025-ones", 6, 1025, ("V>1024", "grad-ones"), ignored=0.2, grad_ones=True),
     ]
 
 
@@ -252,11 +254,14 @@ def sweep(device: str) -> list[Case]:
                 (3, 1025), (128, 1025), (3, 2004), (3, 32000)]
         cases = [C(f"N{N}-V{V}", N, V, ("size",), ignored=0.2) for N, V in grid]
         small = [c for c in _edge_cases(8, 31) if c.name.split("-", 2)[2] in SMALL_V_EDGES]
-        return cases + _edge_cases(16, 1025) + small
+        ones = [C("N16-V1025-ones", 16, 1025, ("grad-ones",), ignored=0.2, grad_ones=True)]
+        return cases + _edge_cases(16, 1025) + small + ones
     grid = [(1, 128256), (1, 2), (3, 1025), (3, 32000), (128, 2), (128, 1024), (128, 1025), (4096, 1000),
             (4096, 2004), (4096, 50257), (8192, 32000), (8192, 128256)]
     cases = [C(f"N{N}-V{V}", N, V, ("size",), ignored=0.2) for N, V in grid]
-    return cases + _edge_cases(4096, 32000) + _edge_cases(128, 1025)
+    ones = [C("N8192-V128256-ones", 8192, 128256, ("grad-ones",), ignored=0.2, grad_ones=True),
+            C("N4096-V32000-ones-sum", 4096, 32000, ("grad-ones",), ignored=0.2, grad_ones=True, reduction="sum")]
+    return cases + _edge_cases(4096, 32000) + _edge_cases(128, 1025) + ones
 
 
 def full(device: str) -> list[Case]:
