@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import kernels as K
-from .wrapper import gpu_config
+from .wrapper import REDUCE_BLOCK, gpu_config
 
 _PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 _FLOATS = ("qk_scale", "scale")
@@ -56,5 +56,5 @@ def aot_targets() -> list[dict]:
                            {"DH": dh, "BLOCK": q["BLOCK"], "PREC": prec}, q))
         out.append(_target(f"dkdv-{tag}", K._lazy_bwd_dkdv_kernel, dtype,
                            {"DH": dh, "BLOCK_M": kv["BLOCK_M"], "BLOCK_N": kv["BLOCK_N"], "PREC": prec}, kv))
-    out.append(_target("reduce-bw1024", K._lazy_bwd_reduce_kernel, torch.float32, {"BLOCK_W": 1024}))
+    out.append(_target("reduce", K._lazy_bwd_reduce_kernel, torch.float32, {"BLOCK_W": REDUCE_BLOCK}))
     return out
