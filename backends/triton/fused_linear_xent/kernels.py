@@ -315,17 +315,19 @@ def _dw_kernel(dz_ptr, h_ptr, acc_ptr, out_ptr, g_ptr, den_ptr, V, H, T, s_dzt, 
         a_ptr = dz_ptr
         if GAP > 0:
             a_ptr = dz_ptr + ((pid_m * BM) // GAP) * GAP
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        acc = _mm(a_ptr, h_ptr, rm, rn, V, H, T, 1, s_dzt, s_ht, s_hk, acc, BK, 0, EVEN_K, PREC)
         mask = (rm[:, None] < V) & (rn[None, :] < H)
+        offs = rm.to(tl.int64)[:, None] * s_acc + rn[None, :]
+        if MODE == 1:
+            # the running sum is read before the main loop, which hides the read's latency
+            acc = tl.load(acc_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        else:
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+        acc = _mm(a_ptr, h_ptr, rm, rn, V, H, T, 1, s_dzt, s_ht, s_hk, acc, BK, 0, EVEN_K, PREC)
         if MODE == 2:
             acc = acc * _scale(g_ptr, den_ptr, APPLY_G)
             tl.store(out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :],
                      acc.to(out_ptr.dtype.element_ty), mask=mask)
         else:
-            offs = rm.to(tl.int64)[:, None] * s_acc + rn[None, :]
-            if MODE == 1:
-                acc += tl.load(acc_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             tl.store(acc_ptr + offs, acc.to(acc_ptr.dtype.element_ty), mask=mask)
 
 
@@ -340,12 +342,13 @@ def _dh_kernel(dz_ptr, w_ptr, acc_ptr, out_ptr, g_ptr, den_ptr, T, H, V, s_dzt, 
         pid_m, pid_n = _tile_ids(tile, T, H, BM, BN, GROUP)
         rm = pid_m * BM + tl.arange(0, BM)
         rn = pid_n * BN + tl.arange(0, BN)
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        acc = _mm(dz_ptr, w_ptr, rm, rn, T, H, V, s_dzt, 1, s_wv, s_wk, acc, BK, GAP, EVEN_K, PREC)
         mask = (rm[:, None] < T) & (rn[None, :] < H)
         offs = rm.to(tl.int64)[:, None] * s_acc + rn[None, :]
         if MODE == 1 or MODE == 3:
-            acc += tl.load(acc_ptr + offs, mask=mask, other=0.0)
+            acc = tl.load(acc_ptr + offs, mask=mask, other=0.0)
+        else:
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+        acc = _mm(dz_ptr, w_ptr, rm, rn, T, H, V, s_dzt, 1, s_wv, s_wk, acc, BK, GAP, EVEN_K, PREC)
         if MODE >= 2:
             acc = acc * _scale(g_ptr, den_ptr, APPLY_G)
             tl.store(out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :],

@@ -37,7 +37,7 @@ class Gemm:
     GROUP: int
     warps: int = 8
     stages: int = 3
-    persistent: bool = False  # grid = SM count, tiles looped in one flattened pipeline
+    persistent: bool = False  # grid = SM count, tiles looped in one flattened pipeline (an option)
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,10 @@ class Config:
 INTERPRETER = Config(chunk=16, slab=256, vblock=128, rows=16, logits=Gemm(16, 128, 16, 2),
                      dw=Gemm(128, 16, 16, 1), dh=Gemm(16, 16, 64, 2), dzg=Gemm(16, 128, 16, 2),
                      ldw=Gemm(128, 16, 16, 1), ldh=Gemm(16, 16, 64, 2))
+# Picked on an H200 at N=8192, H=4096, V=128256 (bf16) from interleaved timings of the whole pass;
+# persistent grids were slower there (the dweight kernel's running-sum read then stalls each tile).
 GPU = Config(chunk=2048, slab=8192, vblock=256, rows=16, logits=Gemm(128, 256, 64, 16),
-             dw=Gemm(128, 256, 64, 1), dh=Gemm(128, 256, 64, 8), dzg=Gemm(128, 256, 64, 8),
+             dw=Gemm(256, 128, 64, 1), dh=Gemm(128, 256, 64, 8), dzg=Gemm(128, 256, 64, 8),
              ldw=Gemm(128, 256, 64, 1), ldh=Gemm(128, 256, 64, 8))
 # float32 operands: ieee dots run on the FMA units, where small tiles do as well and fit the registers
 _F32 = Gemm(64, 64, 32, 8, 4, 3)

@@ -1,0 +1,48 @@
+"""Bug-zoo mutants of the Triton fused_linear_xent backend (specs/bug-zoo.md, seed: fused xent log).
+
+Edits apply to a temporary copy of backends/triton/fused_linear_xent/.
+"""
+
+from __future__ import annotations
+
+from cases.fused_linear_xent import C
+from harness import Expectation, Mutant, register_mutant
+
+SEED = "fused-xent-microbatch-debug.md"
+
+# The seed's first suspect: the dweight running sum across token chunks kept in bfloat16. One
+# rounding per chunk; with 128 chunks of the GPU's 2048 tokens the rms error grows ~sqrt(64) times
+# a single rounding, well past the floor. bf16 only runs on the GPU (the interpreter's bf16 dot is
+# wrong), so this mutant is skipped on CPU. float32 inputs accumulate in float32 either way.
+register_mutant(Mutant(
+    id="xent-naive-bf16-accum", operator="fused_linear_xent", backend="triton", seed=SEED,
+    edits=(("wrapper.py", "dtype=torch.float32, device=h.device)  # dweight: float32 across chunks",
+            "dtype=W.dtype, device=h.device)  # dweight: float32 across chunks"),),
+    expect=(Expectation(C("zoo-bf16-accum-N262144-H32-V67", 262144, 32, 67, ignored=0.2), "bfloat16",
+                        fail=("dweight",), passing=("loss", "dhidden", "dbias")),),
+    description="dweight accumulated across token chunks in the input dtype (bf16) instead of float32"))
+
+# The classic microbatch mistake: the wrapper drops the caller's global normalizer, so each
+# microbatch divides by its own valid-token count (the parts have unequal counts).
+register_mutant(Mutant(
+    id="xent-microbatch-mean", operator="fused_linear_xent", backend="triton", seed=SEED,
+    edits=(("wrapper.py", "use_norm = normalizer is not None", "use_norm = False"),),
+    expect=(Expectation(C("zoo-N24-H16-V67-mb2", 24, 16, 67, microbatches=2), "float32",
+                        fail=("loss", "dhidden", "dweight", "dbias"), status="FAIL",
+                        where={"dhidden": {"token": "all"}}),),
+    description="per-microbatch mean instead of the global normalizer"))
+
+# The seed's g_lse path: the LSE's upstream gradient (which carries the z-loss, and the LSE
+# output's own gradient) never reaches dZ. Invisible without z-loss and LSE gradient.
+register_mutant(Mutant(
+    id="xent-lse-grad-dropped", operator="fused_linear_xent", backend="triton", seed=SEED,
+    edits=(("kernels.py", "a = coef * (1.0 + 2.0 * lam * lse) + gl", "a = coef"),),
+    expect=(
+        Expectation(C("zoo-N32-H24-V129-zloss", 32, 24, 129, ignored=0.2, z_loss=1e-2), "float32",
+                    fail=("dhidden", "dweight"), passing=("loss",)),
+        Expectation(C("zoo-N32-H24-V129-lse-sum", 32, 24, 129, ignored=0.2, return_lse=True, reduction="sum"),
+                    "float32", fail=("dhidden", "dweight"), passing=("loss", "lse")),
+        Expectation(C("zoo-N32-H24-V129-plain", 32, 24, 129, ignored=0.2), "float32",
+                    passing=("loss", "dhidden", "dweight", "dbias")),
+    ),
+    description="g_lse path omitted: z-loss and the LSE output's gradient never reach dZ"))

@@ -1,0 +1,164 @@
+"""The Triton fused_linear_xent backends (fast and lean) under the interpreter vs the float64 reference.
+
+The kernels must be decorated with TRITON_INTERPRET=1 already set, so the checks run in one
+subprocess that prints one JSON line per case: the error of every output and gradient relative to
+the reference's largest magnitude. N=37 tokens span three 16-token chunks; V=1025 spans nine
+128-wide vocabulary tiles and five 256-wide lean slabs, the last one a single column.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+BASE = {"N": 37, "H": 24, "V": 1025}
+OPTS_ALL = {"ignored": 0.3, "label_smoothing": 0.1, "z_loss": 1e-2, "softcap": 5.0, "scale": 3.0}
+OPTS_LSE = {"ignored": 0.3, "reduction": "none", "return_lse": True, "z_loss": 1e-3, "bias": False,
+            "hidden": "T", "grad": "strided"}
+# (name, mode, dtype, case)
+CASES = [
+    ("fast-mean-ls-zloss-softcap", "fast", "float32", {**BASE, **OPTS_ALL}),
+    ("fast-none-lse-hiddenT", "fast", "float32", {**BASE, **OPTS_LSE}),
+    ("fast-normalizer-weightT-fp16", "fast", "float16", {**BASE, "ignored": 0.3, "normalizer": 61.0, "weight": "T"}),
+    ("lean-mean-ls-zloss-softcap", "lean", "float32", {**BASE, **OPTS_ALL}),
+    ("lean-none-lse-hiddenT", "lean", "float32", {**BASE, **OPTS_LSE}),
+    ("lean-sum-fp16", "lean", "float16", {**BASE, "ignored": 0.3, "reduction": "sum"}),
+    ("fast-all-ignored", "fast", "float32", {"N": 5, "H": 16, "V": 40, "ignored": 1.0}),
+    ("lean-all-ignored", "lean", "float32", {"N": 5, "H": 16, "V": 40, "ignored": 1.0}),
+]
+# relative to the largest reference magnitude: float32 sums of up to V = 1025 terms (measured
+# <= 5e-7), float16 one rounding of dZ and of the result (eps 9.8e-4; measured <= 4e-4)
+TOL = {"float32": 2e-6, "float16": 2e-3}
+
+SCRIPT = textwrap.dedent("""
+    import json, sys, torch
+    from references.fused_linear_xent import fused_linear_xent as reference
+    from backends.triton.fused_linear_xent.wrapper import fused_linear_xent
+    from backends.triton.fused_linear_xent import adapter, wrapper
+
+    cfg = wrapper.INTERPRETER
+    print(json.dumps({"name": "blocks", "adapter": adapter.BLOCKS,
+                      "wrapper": {"BLOCK_N": cfg.logits.BM, "BLOCK_V": cfg.logits.BN, "BLOCK_H": cfg.dw.BN}}))
+
+    for name, mode, dt, c in json.loads(sys.argv[1]):
+        gen = torch.Generator().manual_seed(7)
+        dtype = getattr(torch, dt)
+        N, H, V = c["N"], c["H"], c["V"]
+        h = torch.randn(N, H, generator=gen)
+        w = torch.randn(V, H, generator=gen) * c.get("scale", 1.0) / H ** 0.5
+        b = 0.5 * torch.randn(V, generator=gen) if c.get("bias", True) else None
+        y = torch.randint(0, V, (N,), generator=gen)
+        y[torch.randperm(N, generator=gen)[: round(c["ignored"] * N)]] = -100
+        opts = {k: c[k] for k in ("reduction", "label_smoothing", "z_loss", "softcap", "normalizer",
+                                  "return_lse") if k in c}
+        g_loss = torch.randn((N,) if c.get("reduction") == "none" else (), generator=gen)
+        g_lse = torch.randn(N, generator=gen)
+        if c.get("grad") == "strided":
+            g_loss, g_lse = torch.randn(2 * N, generator=gen)[::2], torch.randn(N, 2, generator=gen)[:, 1]
+
+        def inputs(cast):
+            hh, ww = cast(h), cast(w)
+            if c.get("hidden") == "T":
+                hh = hh.T.contiguous().T
+            if c.get("weight") == "T":
+                ww = ww.T.contiguous().T
+            bb = cast(b) if b is not None else None
+            return [t.requires_grad_() for t in (hh, ww, bb) if t is not None]
+
+        results = {}
+        for who, fn, cast in (("k", lambda *a, **k: fused_linear_xent(*a, mode=mode, **k), lambda t: t.to(dtype)),
+                              ("r", reference, lambda t: t.to(dtype).double())):
+            xs = inputs(cast)
+            out = fn(xs[0], xs[1], xs[2] if b is not None else None, y, **opts)
+            outs, gos = [out["loss"]], [g_loss.to(out["loss"].dtype)]
+            if "lse" in out:
+                outs.append(out["lse"])
+                gos.append(g_lse.to(out["lse"].dtype))
+            grads = torch.autograd.grad(outs, xs, gos)
+            results[who] = (out, grads, xs)
+        (ko, kg, kx), (ro, rg, _) = results["k"], results["r"]
+        row = {"name": name}
+        for comp in ("loss", "lse"):
+            if comp in ro:
+                assert ko[comp].dtype == torch.float32 and ko[comp].shape == ro[comp].shape, comp
+                r, k = ro[comp], ko[comp].double()
+                row[comp + "_nan"] = [bool(torch.isnan(k).all()), bool(torch.isnan(r).all())]
+                if not torch.isnan(r).any():
+                    row[comp] = float((k - r).abs().max() / r.abs().max())
+        for comp, k, r, x in zip(("dhidden", "dweight", "dbias"), kg, rg, kx):
+            assert k.dtype == x.dtype and k.shape == x.shape, (comp, k.dtype, k.shape)
+            m = float(r.abs().max())
+            row[comp] = float((k.double() - r).abs().max() / m) if m > 0 else None
+            row[comp + "_maxabs"] = float(k.abs().max())
+        print(json.dumps(row), flush=True)
+""")
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, dict]:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(CASES)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return {r["name"]: r for r in rows}
+
+
+def test_adapter_blocks_match_interpreter_config(results):
+    r = results["blocks"]
+    assert r["adapter"] == r["wrapper"]
+
+
+@pytest.mark.parametrize("name,mode,dtype,case", [c for c in CASES if c[3]["ignored"] < 1.0],
+                         ids=[c[0] for c in CASES if c[3]["ignored"] < 1.0])
+def test_matches_float64_reference(results, name, mode, dtype, case):
+    r = results[name]
+    tol = TOL[dtype]
+    comps = ["loss", "dhidden", "dweight"] + (["dbias"] if case.get("bias", True) else []) + \
+        (["lse"] if case.get("return_lse") else [])
+    for comp in comps:
+        assert r[comp] is not None and r[comp] <= tol, (comp, r[comp], tol)
+
+
+@pytest.mark.parametrize("name", ["fast-all-ignored", "lean-all-ignored"])
+def test_all_ignored_mean_is_nan_with_zero_gradients(results, name):
+    r = results[name]
+    assert r["loss_nan"] == [True, True]
+    for comp in ("dhidden", "dweight", "dbias"):
+        assert r[comp + "_maxabs"] == 0.0, comp
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"reduction": "avg"}, "reduction"),
+    ({"reduction": "sum", "normalizer": 3.0}, "normalizer"),
+    ({"mode": "slow"}, "mode"),
+])
+def test_bad_options_name_the_argument(kwargs, match):
+    import torch
+
+    from backends.triton.fused_linear_xent.wrapper import fused_linear_xent
+    h, w, t = torch.zeros(2, 16), torch.zeros(3, 16), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match=match):
+        fused_linear_xent(h, w, None, t, **kwargs)
+
+
+def test_adapter_blocks_match_gpu_config():
+    from backends.triton.fused_linear_xent import adapter, wrapper
+    from harness.registry import interpreted
+
+    if interpreted():
+        pytest.skip("this process runs the interpreter configuration")
+    g = wrapper.GPU
+    assert adapter.BLOCKS == {"BLOCK_N": g.logits.BM, "BLOCK_V": g.logits.BN, "BLOCK_H": g.dw.BN}
+    # 16-bit dZ gaps: dweight row tiles and dhidden K steps must not straddle a gap
+    assert g.vblock % g.dw.BM == 0 and g.vblock % g.dh.BK == 0 and g.vblock == g.logits.BN
