@@ -1,8 +1,10 @@
 """Ahead-of-time compile targets of the mhc_pre kernels: the constexpr combos the GPU launches use.
 
-Every kernel at n = 4 (MP = 32, the production shape) in each x dtype whose code path differs
-(X_PARTS: bf16 1, fp16 2, fp32 3 bf16 parts), plus the extremes n = 8 (MP = 128, NP = 8) and n = 1
-(NP = 1), and gamma absent. Block sizes come from the wrapper's GPU configuration.
+The GEMM-like kernels at n = 4 (MP = 32, the production shape) in each x dtype (their code paths
+differ: bf16 x is one bf16 part, fp16 two, fp32 three), the others at bf16 and fp32; plus the extremes
+n = 8 (MP = 128, NP = 8) and n = 1 (NP = 1), and gamma absent. Block sizes come from the wrapper's GPU
+configuration; unit strides and 16-aligned arguments are specialized as the JIT does for contiguous
+tensors at production sizes.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from .wrapper import GPU_CONFIG as C
 
 _PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 _PARTS = {"bf16": 1, "fp16": 2, "fp32": 3}
-# pointers that carry x's dtype (h_in and its gradient share it); every other pointer is float32
+# pointers that carry x's dtype (h_in and its gradient share it); the others are bf16 parts or float32
 _DATA = {"x_ptr", "hin_ptr", "gin_ptr", "dx_ptr"}
+# bf16 parts of phi * gamma and of dh_mix
+_PARTS_PTRS = {"w_ptr", "dhmix_ptr"}
 _FLOATS = {"norm_eps", "hc_eps", "post_mult"}
 _UNIT = ("sxd", "sgd", "spk", "srq", "sphj")
 # strides that are multiples of 16 elements at production sizes (D = 4096, n = 4)
@@ -26,7 +30,7 @@ def _signature(fn, dtype: str, constexprs: dict) -> dict:
         if name in constexprs:
             sig[name] = "constexpr"
         elif name.endswith("_ptr"):
-            sig[name] = _PTR[dtype] if name in _DATA else "*fp32"
+            sig[name] = _PTR[dtype] if name in _DATA else "*bf16" if name in _PARTS_PTRS else "*fp32"
         else:
             sig[name] = "fp32" if name in _FLOATS else "i32"
     return sig
@@ -48,18 +52,18 @@ def _block_d(D: int, NP: int, bt: int, elems: int) -> int:
 
 
 def aot_targets() -> list[dict]:
-    combos = [("bf16", 4, True), ("fp16", 4, True), ("fp32", 4, True), ("bf16", 8, True), ("bf16", 4, False)]
     out = []
-    for dt, n, has_g in combos:
-        M, NP = n * n + 2 * n, 1 << (n - 1).bit_length()
+    for dt, n in (("bf16", 4), ("fp16", 4), ("fp32", 4), ("bf16", 8)):
+        M = n * n + 2 * n
         MP = max(16, 1 << (M - 1).bit_length())
-        tag = f"{dt}-n{n}" + ("" if has_g else "-nogamma")
+        tag = f"{dt}-n{n}"
         out.append(_target(f"fwd_gemm-{tag}", K._fwd_gemm_kernel, dt,
-                           {"HAS_GAMMA": has_g, "X_PARTS": _PARTS[dt], "MP": MP, "BLOCK_T": C["gemm_t"],
-                            "BLOCK_K": C["gemm_k"], "EMU": False}, C["gemm_warps"], C["gemm_stages"]))
+                           {"X_PARTS": _PARTS[dt], "MP": MP, "BLOCK_T": C["gemm_t"], "BLOCK_K": C["gemm_k"],
+                            "EMU": False}, C["gemm_warps"], C["gemm_stages"]))
         out.append(_target(f"bwd_nd-{tag}", K._bwd_nd_kernel, dt,
-                           {"HAS_GAMMA": has_g, "X_PARTS": _PARTS[dt], "MP": MP, "BLOCK_T": C["BLOCK_T"],
-                            "BLOCK_ND": C["BLOCK_ND"], "EMU": False}, C["nd_warps"], C["nd_stages"]))
+                           {"X_PARTS": _PARTS[dt], "MM_ORDER": 2 if dt == "fp32" else 1, "MP": MP,
+                            "BLOCK_T": C["BLOCK_T"], "BLOCK_ND": C["BLOCK_ND"], "EMU": False},
+                           C["nd_warps"], C["nd_stages"]))
     for dt, n in (("bf16", 4), ("fp32", 4), ("bf16", 8), ("bf16", 1)):
         M, NP = n * n + 2 * n, 1 << (n - 1).bit_length()
         MP = max(16, 1 << (M - 1).bit_length())
@@ -71,7 +75,10 @@ def aot_targets() -> list[dict]:
                            {"MP": MP, "NP": NP, "BLOCK_T": C["tok_t"],
                             "BLOCK_D": _block_d(4096, NP, C["tok_t"], C["tok_elems"])}, C["tok_warps"]))
     for has_g in (True, False):
-        out.append(_target(f"bwd_reduce-n4{'' if has_g else '-nogamma'}", K._bwd_reduce_kernel, "fp32",
+        g = "" if has_g else "-nogamma"
+        out.append(_target(f"fwd_wparts-n4{g}", K._fwd_wparts_kernel, "fp32",
+                           {"HAS_GAMMA": has_g, "MP": 32, "BLOCK": C["wparts_block"]}, 4))
+        out.append(_target(f"bwd_reduce-n4{g}", K._bwd_reduce_kernel, "fp32",
                            {"HAS_GAMMA": has_g, "MP": 32, "BLOCK_ND": C["red_nd"], "BLOCK_R": C["red_r"]},
                            C["red_warps"]))
     return out

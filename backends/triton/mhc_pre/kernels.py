@@ -1,32 +1,27 @@
 """Triton kernels of ``mhc_pre`` (specs/mhc_pre.md): forward GEMM + epilogue, two-phase backward.
 
-Exact float32 GEMMs on bf16 tensor cores: every float32 operand of a dot is split into bf16 parts
-(hi + mid + lo hold all 24 significant bits; bf16 x is exact in one part, fp16 in two). Products of
-parts are exact in float32 and the MMA accumulates in float32, so the skinny GEMMs are as accurate
-as a float32 FMA loop, at tensor-core speed (an FMA loop would be compute bound here). Under the
-interpreter (EMU) the dots are plain float32 dots: its bf16 dot is wrong, and every nested jit call
-costs milliseconds there; tests check the split path on its own (_dot_pp with EMU).
+Exact float32 GEMMs on bf16 tensor cores: a float32 operand is split into three bf16 parts (hi + mid
++ lo hold all 24 significant bits; bf16 x is exact in one part, fp16 in two). Products of parts are
+exact in float32, so the skinny GEMMs are as accurate as a float32 FMA loop at tensor-core speed (an
+FMA loop would be compute bound here). Two details make that true on the GPU:
+  - the MMA adds in float32 with truncation, which over a long K biases the sum toward zero; every
+    long sum is therefore a chain of short MMA partials (one tile) added with ordinary rounding adds;
+  - the weight parts are precomputed once (_fwd_wparts_kernel, _bwd_token_kernel) so that the hot
+    loops feed them straight from memory to the dots, where the compiler pipelines the loads.
+Under the interpreter (EMU) the parts are multiplied as float32 (its bf16 dot is wrong); same values.
 
-Forward:  _fwd_gemm_kernel  split-K partial h_mix = x @ (phi*gamma)^T and sum of squares per token
-          _fwd_mix_kernel   sums the partials, sigmoid/affine epilogue, h_in = sum_k h_pre_k x_k
-Backward: _bwd_token_kernel per-token scalars: dh_pre = <g_in, x_k>, dh_mix, dinv_rms coefficient,
-                            per-token-block partials of dbias and dalpha
-          _bwd_nd_kernel    (nD block) x (token group): dx, and partials P = dh_mix^T @ x
-          _bwd_reduce_kernel fixed-order sums of the partials (bitwise reproducible, no atomics):
-                            dphi = gamma * P, dgamma = sum_m phi * P, dbias, dalpha
+Forward:  _fwd_wparts_kernel  W = phi * gamma as three bf16 parts [3, MP, nD]
+          _fwd_gemm_kernel    split-K partial h_mix = x @ W^T and sum of squares per token
+          _fwd_mix_kernel     sums the partials, sigmoid/affine epilogue, h_in = sum_k h_pre_k x_k
+Backward: _bwd_token_kernel   per-token scalars: dh_pre = <g_in, x_k>, dh_mix (as bf16 parts), the
+                              dinv_rms coefficient, per-token-block partials of dbias and dalpha
+          _bwd_nd_kernel      (stream block) x (token group): dx, and partials P = dh_mix^T @ x
+          _bwd_reduce_kernel  fixed-order sums of the partials (bitwise reproducible, no atomics):
+                              dphi = gamma * P, dgamma = sum_m phi * P, dbias, dalpha
 """
 
 import triton
 import triton.language as tl
-
-
-@triton.jit
-def _mma(a, b, acc, EMU: tl.constexpr):
-    if EMU:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        out = tl.dot(a, b, acc)
-    return out
 
 
 @triton.jit
@@ -51,17 +46,26 @@ def _parts(a, N: tl.constexpr):
 
 
 @triton.jit
-def _dot_pp(a0, a1, a2, b0, b1, b2, acc, A_PARTS: tl.constexpr, EMU: tl.constexpr):
-    """acc + a @ b from parts; b has three, a has A_PARTS. Terms i + j <= 2, smallest first."""
-    if A_PARTS >= 3:
-        acc = _mma(a2, b0, acc, EMU)
+def _dot_pp(a0, a1, a2, b0, b1, b2, acc, A_PARTS: tl.constexpr, ORDER: tl.constexpr, EMU: tl.constexpr):
+    """acc + a @ b from bf16 parts: the terms a_i b_j with i < A_PARTS and i + j <= ORDER, smallest
+    first (ORDER 2 keeps every product bit above 2^-24; ORDER 1 is enough for a 16-bit result)."""
+    if EMU:
+        a0 = a0.to(tl.float32)
+        a1 = a1.to(tl.float32)
+        a2 = a2.to(tl.float32)
+        b0 = b0.to(tl.float32)
+        b1 = b1.to(tl.float32)
+        b2 = b2.to(tl.float32)
+    if ORDER >= 2:
+        if A_PARTS >= 3:
+            acc = tl.dot(a2, b0, acc)
+        if A_PARTS >= 2:
+            acc = tl.dot(a1, b1, acc)
+        acc = tl.dot(a0, b2, acc)
     if A_PARTS >= 2:
-        acc = _mma(a1, b1, acc, EMU)
-    acc = _mma(a0, b2, acc, EMU)
-    if A_PARTS >= 2:
-        acc = _mma(a1, b0, acc, EMU)
-    acc = _mma(a0, b1, acc, EMU)
-    acc = _mma(a0, b0, acc, EMU)
+        acc = tl.dot(a1, b0, acc)
+    acc = tl.dot(a0, b1, acc)
+    acc = tl.dot(a0, b0, acc)
     return acc
 
 
@@ -89,10 +93,26 @@ def _sigmoid(z):
 
 
 @triton.jit
-def _fwd_gemm_kernel(x_ptr, phi_ptr, gamma_ptr, part_ptr, ssq_ptr,
-                     T, S, n, D, M, KCHUNK,
-                     sxb, sxs, sxn, sxd, sphm, sphj,
-                     HAS_GAMMA: tl.constexpr, X_PARTS: tl.constexpr, MP: tl.constexpr,
+def _fwd_wparts_kernel(phi_ptr, gamma_ptr, w_ptr, nD, M, sphm, sphj,
+                       HAS_GAMMA: tl.constexpr, MP: tl.constexpr, BLOCK: tl.constexpr):
+    j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    jm = j < nD
+    m = tl.arange(0, MP)
+    w = tl.load(phi_ptr + m[:, None] * sphm + j[None, :] * sphj, mask=(m < M)[:, None] & jm[None, :], other=0.0)
+    if HAS_GAMMA:
+        w = w * tl.load(gamma_ptr + j, mask=jm, other=0.0)[None, :]
+    w0, w1, w2 = _parts(w, 3)
+    off = (m * nD)[:, None] + j[None, :]
+    tl.store(w_ptr + off, w0, mask=jm[None, :])
+    tl.store(w_ptr + MP * nD + off, w1, mask=jm[None, :])
+    tl.store(w_ptr + 2 * MP * nD + off, w2, mask=jm[None, :])
+
+
+@triton.jit
+def _fwd_gemm_kernel(x_ptr, w_ptr, part_ptr, ssq_ptr,
+                     T, S, n, D, nD, KCHUNK,
+                     sxb, sxs, sxn, sxd,
+                     X_PARTS: tl.constexpr, MP: tl.constexpr,
                      BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, EMU: tl.constexpr):
     c = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -102,7 +122,7 @@ def _fwd_gemm_kernel(x_ptr, phi_ptr, gamma_ptr, part_ptr, ssq_ptr,
     acc = tl.zeros([BLOCK_T, MP], dtype=tl.float32)
     # squares summed per lane, reduced once after the loop (no cross-thread reduction per step)
     sq = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-    # tiles never straddle two streams, so addresses are contiguous along d (vector loads)
+    # K tiles are BLOCK_K features of one stream: contiguous addresses along d (vector loads)
     ndb = tl.cdiv(D, BLOCK_K)
     it_lo = c * KCHUNK
     it_hi = tl.minimum(it_lo + KCHUNK, n * ndb)
@@ -115,16 +135,13 @@ def _fwd_gemm_kernel(x_ptr, phi_ptr, gamma_ptr, part_ptr, ssq_ptr,
                      mask=rmask[:, None] & dm[None, :], other=0.0)
         xf = xt.to(tl.float32)
         sq += xf * xf
-        w = tl.load(phi_ptr + m[None, :] * sphm + j[:, None] * sphj,
-                    mask=(m[None, :] < M) & dm[:, None], other=0.0)
-        if HAS_GAMMA:
-            w = w * tl.load(gamma_ptr + j, mask=dm, other=0.0)[:, None]
-        if EMU:
-            acc = tl.dot(xf, w, acc, input_precision="ieee")
-        else:
-            x0, x1, x2 = _parts(xt, X_PARTS)
-            w0, w1, w2 = _parts(w, 3)
-            acc = _dot_pp(x0, x1, x2, w0, w1, w2, acc, X_PARTS, EMU)
+        woff = (m * nD)[None, :] + j[:, None]
+        w0 = tl.load(w_ptr + woff, mask=dm[:, None], other=0.0)
+        w1 = tl.load(w_ptr + MP * nD + woff, mask=dm[:, None], other=0.0)
+        w2 = tl.load(w_ptr + 2 * MP * nD + woff, mask=dm[:, None], other=0.0)
+        x0, x1, x2 = _parts(xt, X_PARTS)
+        # one tile's products in the MMA, the running sum in rounding float32 adds
+        acc += _dot_pp(x0, x1, x2, w0, w1, w2, tl.zeros([BLOCK_T, MP], dtype=tl.float32), X_PARTS, 2, EMU)
     out = (c * T + rows).to(tl.int64) * MP
     tl.store(part_ptr + out[:, None] + m[None, :], acc, mask=rmask[:, None])
     tl.store(ssq_ptr + c * T + rows, tl.sum(sq, axis=1), mask=rmask)
@@ -228,7 +245,11 @@ def _bwd_token_kernel(x_ptr, gin_ptr, gpost_ptr, gres_ptr, hmix_ptr, inv_ptr, al
     dz = tl.where(r2, dz, 0.0)
     dt = a[None, :] * dz
     dinv = tl.sum(dt * hm, axis=1)
-    tl.store(dhmix_ptr + rl * MP + m[None, :], dt * inv[:, None], mask=r2)
+    h0, h1, h2 = _parts(dt * inv[:, None], 3)
+    # dh_mix as three bf16 parts [3, T, MP]: the dx kernel feeds them straight to its dots
+    tl.store(dhmix_ptr + rl * MP + m[None, :], h0, mask=r2)
+    tl.store(dhmix_ptr + T * MP + rl * MP + m[None, :], h1, mask=r2)
+    tl.store(dhmix_ptr + 2 * T * MP + rl * MP + m[None, :], h2, mask=r2)
     tl.store(coef_ptr + rows, _div(dinv * inv * inv * inv, nD), mask=rmask)
     # per-token-block column sums: [0] -> dbias, [1] -> dalpha (by section); summed in a fixed order later
     tl.store(pcol_ptr + (tb * 2) * MP + m, tl.sum(dz, axis=0))
@@ -236,10 +257,10 @@ def _bwd_token_kernel(x_ptr, gin_ptr, gpost_ptr, gres_ptr, hmix_ptr, inv_ptr, al
 
 
 @triton.jit
-def _bwd_nd_kernel(x_ptr, gin_ptr, phi_ptr, gamma_ptr, dhmix_ptr, coef_ptr, hpre_ptr, dx_ptr, pphi_ptr,
-                   T, S, n, D, nD, M, TOK_PER_GROUP,
-                   sxb, sxs, sxn, sxd, sgb, sgs, sgd, sphm, sphj,
-                   HAS_GAMMA: tl.constexpr, X_PARTS: tl.constexpr, MP: tl.constexpr,
+def _bwd_nd_kernel(x_ptr, gin_ptr, w_ptr, dhmix_ptr, coef_ptr, hpre_ptr, dx_ptr, pphi_ptr,
+                   T, S, n, D, nD, TOK_PER_GROUP,
+                   sxb, sxs, sxn, sxd, sgb, sgs, sgd,
+                   X_PARTS: tl.constexpr, MM_ORDER: tl.constexpr, MP: tl.constexpr,
                    BLOCK_T: tl.constexpr, BLOCK_ND: tl.constexpr, EMU: tl.constexpr):
     # One program: one BLOCK_ND block of stream k's D features, for one token group. Blocks never
     # straddle two streams (contiguous, vectorizable addresses; h_pre[t, k] is one column).
@@ -256,45 +277,57 @@ def _bwd_nd_kernel(x_ptr, gin_ptr, phi_ptr, gamma_ptr, dhmix_ptr, coef_ptr, hpre
     xoff = (k.to(tl.int64) * sxn + d.to(tl.int64) * sxd)[:, None]
     goff = (d.to(tl.int64) * sgd)[:, None]
     m = tl.arange(0, MP)
-    phg = tl.load(phi_ptr + m[None, :] * sphm + j[:, None] * sphj, mask=(m < M)[None, :] & dm[:, None], other=0.0)
-    if HAS_GAMMA:
-        phg = phg * tl.load(gamma_ptr + j, mask=dm, other=0.0)[:, None]
-    if not EMU:
-        p0, p1, p2 = _parts(phg, 3)
+    # (phi * gamma)^T as the forward's bf16 parts, [BLOCK_ND, MP]
+    woff = (m * nD)[None, :] + j[:, None]
+    p0 = tl.load(w_ptr + woff, mask=dm[:, None], other=0.0)
+    p1 = tl.load(w_ptr + MP * nD + woff, mask=dm[:, None], other=0.0)
+    p2 = tl.load(w_ptr + 2 * MP * nD + woff, mask=dm[:, None], other=0.0)
     acc_phi = tl.zeros([BLOCK_ND, MP], dtype=tl.float32)
     t_lo = grp * TOK_PER_GROUP
     t_hi = tl.minimum(t_lo + TOK_PER_GROUP, T)
     nit = tl.cdiv(t_hi - t_lo, BLOCK_T)
+    # Token tiles walked backwards, the next tile's x, g_in and per-token scalars loaded one
+    # iteration ahead (by hand: the compiler pipelines only the loads that feed a dot directly).
+    rows = t_lo + (nit - 1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    nmask = (rows < t_hi)[None, :]
+    bs = (rows // S).to(tl.int64)[None, :] * sxb + (rows % S).to(tl.int64)[None, :] * sxs
+    gs = (rows // S).to(tl.int64)[None, :] * sgb + (rows % S).to(tl.int64)[None, :] * sgs
+    nx = tl.load(x_ptr + bs + xoff, mask=nmask & dm[:, None], other=0.0)
+    ng = tl.load(gin_ptr + gs + goff, mask=nmask & dm[:, None], other=0.0)
+    ncf = tl.load(coef_ptr + rows, mask=rows < t_hi, other=0.0)
+    nhp = tl.load(hpre_ptr + rows.to(tl.int64) * n + k, mask=rows < t_hi, other=0.0)
     for i in range(nit):
-        rows = t_lo + (nit - 1 - i) * BLOCK_T + tl.arange(0, BLOCK_T)
-        rmask = rows < t_hi
-        r2 = rmask[None, :]
-        rl = rows.to(tl.int64)[None, :]
-        dhm = tl.load(dhmix_ptr + rl * MP + m[:, None], mask=r2, other=0.0)
-        cf = tl.load(coef_ptr + rows, mask=rmask, other=0.0)
-        hp = tl.load(hpre_ptr + rows.to(tl.int64) * n + k, mask=rmask, other=0.0)
+        cur = rows
+        r2 = nmask
+        xt = nx
+        gi = ng.to(tl.float32)
+        cf = ncf
+        hp = nhp
+        rows = cur - BLOCK_T
+        nmask = (rows >= t_lo)[None, :]
+        bs = (rows // S).to(tl.int64)[None, :] * sxb + (rows % S).to(tl.int64)[None, :] * sxs
+        gs = (rows // S).to(tl.int64)[None, :] * sgb + (rows % S).to(tl.int64)[None, :] * sgs
+        nx = tl.load(x_ptr + bs + xoff, mask=nmask & dm[:, None], other=0.0)
+        ng = tl.load(gin_ptr + gs + goff, mask=nmask & dm[:, None], other=0.0)
+        ncf = tl.load(coef_ptr + rows, mask=rows >= t_lo, other=0.0)
+        nhp = tl.load(hpre_ptr + rows.to(tl.int64) * n + k, mask=rows >= t_lo, other=0.0)
+
+        hoff = cur.to(tl.int64)[None, :] * MP + m[:, None]
+        h0 = tl.load(dhmix_ptr + hoff, mask=r2, other=0.0)
+        h1 = tl.load(dhmix_ptr + T * MP + hoff, mask=r2, other=0.0)
+        h2 = tl.load(dhmix_ptr + 2 * T * MP + hoff, mask=r2, other=0.0)
         # mmg = (phi * gamma)^T @ dh_mix^T = (dvecX_mm * gamma)^T on this block
-        if EMU:
-            mmg = tl.dot(phg, dhm, input_precision="ieee")
-        else:
-            h0, h1, h2 = _parts(dhm, 3)
-            mmg = _dot_pp(p0, p1, p2, h0, h1, h2, tl.zeros([BLOCK_ND, BLOCK_T], dtype=tl.float32), 3, EMU)
-        msk = r2 & dm[:, None]
-        b = (rows // S).to(tl.int64)[None, :]
-        s = (rows % S).to(tl.int64)[None, :]
-        xt = tl.load(x_ptr + (b * sxb + s * sxs) + xoff, mask=msk, other=0.0)
+        mmg = _dot_pp(p0, p1, p2, h0, h1, h2, tl.zeros([BLOCK_ND, BLOCK_T], dtype=tl.float32), 3, MM_ORDER, EMU)
         xf = xt.to(tl.float32)
-        gi = tl.load(gin_ptr + (b * sgb + s * sgs) + goff, mask=msk, other=0.0).to(tl.float32)
         dxv = mmg - cf[None, :] * xf + hp[None, :] * gi
-        tl.store(dx_ptr + rl * nD + j[:, None], dxv.to(dx_ptr.dtype.element_ty), mask=msk)
-        if EMU:
-            acc_phi = tl.dot(xf, tl.trans(dhm), acc_phi, input_precision="ieee")
-        else:
-            x0, x1, x2 = _parts(xt, X_PARTS)
-            acc_phi = _dot_pp(x0, x1, x2, tl.trans(h0), tl.trans(h1), tl.trans(h2), acc_phi, X_PARTS, EMU)
+        msk = r2 & dm[:, None]
+        tl.store(dx_ptr + cur.to(tl.int64)[None, :] * nD + j[:, None], dxv.to(dx_ptr.dtype.element_ty), mask=msk)
+        x0, x1, x2 = _parts(xt, X_PARTS)
+        acc_phi += _dot_pp(x0, x1, x2, tl.trans(h0), tl.trans(h1), tl.trans(h2),
+                           tl.zeros([BLOCK_ND, MP], dtype=tl.float32), X_PARTS, 2, EMU)
     # this token group's P[m, j] = sum_t dh_mix[t, m] x[t, j]; dphi = gamma * P, dgamma = sum_m phi * P
     tl.store(pphi_ptr + ((grp * MP + m).to(tl.int64) * nD)[None, :] + j[:, None], acc_phi,
-             mask=dm[:, None] & (m < M)[None, :])
+             mask=dm[:, None])
 
 
 @triton.jit

@@ -20,14 +20,14 @@ CPU_CONFIG = {
     "mix_t": 16, "mix_elems": 4096, "mix_warps": 4,
     "tok_t": 16, "tok_elems": 4096, "tok_warps": 4,
     "BLOCK_T": 16, "BLOCK_ND": 64, "nd_programs": 8, "nd_warps": 4, "nd_stages": 1,
-    "red_nd": 64, "red_r": 16, "red_warps": 4,
+    "red_nd": 64, "red_r": 16, "red_warps": 4, "wparts_block": 64,
 }
 GPU_CONFIG = {
     "gemm_t": 128, "gemm_k": 64, "gemm_programs": 2, "gemm_warps": 8, "gemm_stages": 3,
     "mix_t": 16, "mix_elems": 8192, "mix_warps": 4,
     "tok_t": 16, "tok_elems": 8192, "tok_warps": 8,
-    "BLOCK_T": 64, "BLOCK_ND": 128, "nd_programs": 4, "nd_warps": 8, "nd_stages": 2,
-    "red_nd": 128, "red_r": 64, "red_warps": 4,
+    "BLOCK_T": 32, "BLOCK_ND": 128, "nd_programs": 4, "nd_warps": 8, "nd_stages": 3,
+    "red_nd": 128, "red_r": 256, "red_warps": 8, "wparts_block": 128,
 }
 CONFIG = dict(CPU_CONFIG if INTERPRET else GPU_CONFIG)
 
@@ -60,11 +60,17 @@ def _dims(x: Tensor, phi: Tensor) -> tuple[int, int, int, int, int, int]:
 
 def mhc_pre_forward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None,
                     norm_eps: float, hc_eps: float, post_mult: float) -> tuple[Tensor, ...]:
-    """Returns h_in, h_post, h_res and the saved h_mix [T, MP], inv_rms [T], h_pre [T, n]."""
+    """h_in, h_post, h_res, and for the backward: h_mix [T, MP], inv_rms [T], h_pre [T, n] and the bf16
+    parts of phi * gamma [3, MP, nD]."""
     B, S, n, D, M, nD = _dims(x, phi)
     T, MP, NP = B * S, max(16, _p2(M)), _p2(n)
     cfg, dev = CONFIG, x.device
     f32 = dict(dtype=torch.float32, device=dev)
+    wparts = torch.empty((3, MP, nD), dtype=torch.bfloat16, device=dev)
+    wb = cfg["wparts_block"]
+    K._fwd_wparts_kernel[(triton.cdiv(nD, wb),)](
+        phi, gamma if gamma is not None else phi, wparts, nD, M, *phi.stride(),
+        HAS_GAMMA=gamma is not None, MP=MP, BLOCK=wb)
     bt, bk = cfg["gemm_t"], cfg["gemm_k"]
     # K tiles: BLOCK_K features of one stream; split-K over them fills the GPU even at small T
     ntb, nk = triton.cdiv(T, bt), n * triton.cdiv(D, bk)
@@ -73,10 +79,9 @@ def mhc_pre_forward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: 
     ksplit = triton.cdiv(nk, kchunk)
     part = torch.empty((ksplit, T, MP), **f32)
     ssq = torch.empty((ksplit, T), **f32)
-    g = gamma if gamma is not None else phi
     K._fwd_gemm_kernel[(ksplit, ntb)](
-        x, phi, g, part, ssq, T, S, n, D, M, kchunk, *x.stride(), *phi.stride(),
-        HAS_GAMMA=gamma is not None, X_PARTS=_X_PARTS[x.dtype], MP=MP, BLOCK_T=bt, BLOCK_K=bk,
+        x, wparts, part, ssq, T, S, n, D, nD, kchunk, *x.stride(),
+        X_PARTS=_X_PARTS[x.dtype], MP=MP, BLOCK_T=bt, BLOCK_K=bk,
         EMU=INTERPRET, num_warps=cfg["gemm_warps"], num_stages=cfg["gemm_stages"])
     h_in = torch.empty((B, S, D), dtype=x.dtype, device=dev)
     h_post = torch.empty((B, S, n), **f32)
@@ -90,12 +95,12 @@ def mhc_pre_forward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: 
         T, S, n, D, nD, M, ksplit, norm_eps, hc_eps, post_mult, *x.stride(),
         MP=MP, NP=NP, BLOCK_T=mt, BLOCK_D=min(_p2(D), max(16, cfg["mix_elems"] // (mt * NP))),
         num_warps=cfg["mix_warps"])
-    return h_in, h_post, h_res, h_mix, inv, h_pre
+    return h_in, h_post, h_res, h_mix, inv, h_pre, wparts
 
 
 def mhc_pre_backward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None,
-                     h_mix: Tensor, inv: Tensor, h_pre: Tensor, g_in: Tensor, g_post: Tensor, g_res: Tensor,
-                     post_mult: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+                     h_mix: Tensor, inv: Tensor, h_pre: Tensor, wparts: Tensor, g_in: Tensor, g_post: Tensor,
+                     g_res: Tensor, post_mult: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """dx (x's dtype and shape, contiguous), dphi, dalpha, dbias, dgamma ([nD], or None)."""
     B, S, n, D, M, nD = _dims(x, phi)
     T, MP, NP = B * S, max(16, _p2(M)), _p2(n)
@@ -103,7 +108,7 @@ def mhc_pre_backward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma:
     f32 = dict(dtype=torch.float32, device=dev)
     tt = cfg["tok_t"]
     ntb = triton.cdiv(T, tt)
-    dh_mix = torch.empty((T, MP), **f32)
+    dh_mix = torch.empty((3, T, MP), dtype=torch.bfloat16, device=dev)
     coef = torch.empty((T,), **f32)
     pcol = torch.empty((ntb, 2, MP), **f32)
     K._bwd_token_kernel[(ntb,)](
@@ -120,11 +125,11 @@ def mhc_pre_backward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma:
     G = triton.cdiv(T, per_group)
     dx = torch.empty(x.shape, dtype=x.dtype, device=dev)
     pphi = torch.empty((G, MP, nD), **f32)
-    g = gamma if gamma is not None else phi
+    # dx only needs the 16-bit precision of its own dtype: two fewer split terms than float32 needs
     K._bwd_nd_kernel[(nblk, G)](
-        x, g_in, phi, g, dh_mix, coef, h_pre, dx, pphi,
-        T, S, n, D, nD, M, per_group, *x.stride(), *g_in.stride(), *phi.stride(),
-        HAS_GAMMA=gamma is not None, X_PARTS=_X_PARTS[x.dtype], MP=MP, BLOCK_T=bt,
+        x, g_in, wparts, dh_mix, coef, h_pre, dx, pphi,
+        T, S, n, D, nD, per_group, *x.stride(), *g_in.stride(),
+        X_PARTS=_X_PARTS[x.dtype], MM_ORDER=2 if x.dtype == torch.float32 else 1, MP=MP, BLOCK_T=bt,
         BLOCK_ND=bnd, EMU=INTERPRET, num_warps=cfg["nd_warps"], num_stages=cfg["nd_stages"])
 
     # zero-filled so that a result that is never written reads as zeros, not as stale memory
@@ -133,6 +138,7 @@ def mhc_pre_backward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma:
     dalpha = torch.empty((3,), **f32)
     dbias = torch.empty((M,), **f32)
     rnd = cfg["red_nd"]
+    g = gamma if gamma is not None else phi
     K._bwd_reduce_kernel[(triton.cdiv(nD, rnd) + 1,)](
         pphi, pcol, phi, g, dphi, dgamma if dgamma is not None else dphi, dalpha, dbias,
         n, nD, M, G, ntb, *phi.stride(), HAS_GAMMA=gamma is not None, MP=MP, BLOCK_ND=rnd,
@@ -144,17 +150,17 @@ class MhcPreFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None,
                 norm_eps: float, hc_eps: float, post_mult: float) -> tuple[Tensor, Tensor, Tensor]:
-        h_in, h_post, h_res, h_mix, inv, h_pre = mhc_pre_forward(
+        h_in, h_post, h_res, h_mix, inv, h_pre, wparts = mhc_pre_forward(
             x, phi, alpha, bias, gamma, norm_eps, hc_eps, post_mult)
-        ctx.save_for_backward(x, phi, alpha, bias, gamma, h_mix, inv, h_pre)
+        ctx.save_for_backward(x, phi, alpha, bias, gamma, h_mix, inv, h_pre, wparts)
         ctx.post_mult = post_mult
         return h_in, h_post, h_res
 
     @staticmethod
     def backward(ctx, g_in: Tensor, g_post: Tensor, g_res: Tensor):
-        x, phi, alpha, bias, gamma, h_mix, inv, h_pre = ctx.saved_tensors
+        x, phi, alpha, bias, gamma, h_mix, inv, h_pre, wparts = ctx.saved_tensors
         dx, dphi, dalpha, dbias, dgamma = mhc_pre_backward(
-            x, phi, alpha, bias, gamma, h_mix, inv, h_pre, g_in, g_post, g_res, ctx.post_mult)
+            x, phi, alpha, bias, gamma, h_mix, inv, h_pre, wparts, g_in, g_post, g_res, ctx.post_mult)
         return dx, dphi, dalpha, dbias, dgamma, None, None, None
 
 

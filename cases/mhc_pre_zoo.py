@@ -1,0 +1,90 @@
+"""Bug-zoo mutants of the Triton mhc_pre backend (specs/bug-zoo.md); they run on CPU too.
+
+Edits apply to a copy of backends/triton/mhc_pre/. Under the interpreter the dx kernel's blocks are
+BLOCK_ND = 64 features of one stream; with D a multiple of 64 they line up with the harness's
+flattened nD blocks, so "all but the last block" reads the same in both.
+"""
+
+from __future__ import annotations
+
+from cases.mhc_pre import C
+from harness import Expectation, register_mutant
+from harness.spec import Mutant
+
+# nD = 2 * 192 = 384: six interpreter blocks of 64 (> 2 * BLOCK_ND), three token blocks of 16;
+# alpha ~ U(0.5, 1.5) (realistic init) so the GEMM term of dx is far above rounding
+CASE = C("zoo-n2-D192-T40", 1, 40, 2, 192, ("zoo",))
+DPHI = ("dphi.pre", "dphi.post", "dphi.res")
+DALPHA = ("dalpha.pre", "dalpha.post", "dalpha.res")
+DBIAS = ("dbias.pre", "dbias.post", "dbias.res")
+OUTS = ("h_in", "h_post", "h_res")
+_DX_LINE = "dxv = mmg - cf[None, :] * xf + hp[None, :] * gi"
+_DG_LINE = "dg = tl.sum(ph * P, axis=0)"
+
+register_mutant(Mutant(
+    id="mhc-last-block-only", operator="mhc_pre", backend="triton", seed="mhc log, issue 8.5",
+    description="dvecX_mm keeps only the last BLOCK_ND block of nD: dx loses its GEMM term and "
+                "dgamma (sum_t x * dvecX_mm) is zero in every earlier block",
+    edits=(("kernels.py", _DX_LINE,
+            "dxv = tl.where(k * D + d0 + BLOCK_ND >= nD, mmg, 0.0) - cf[None, :] * xf + hp[None, :] * gi"),
+           ("kernels.py", _DG_LINE, "dg = tl.where(j0 + BLOCK_ND >= nD, tl.sum(ph * P, axis=0), 0.0)")),
+    expect=(Expectation(CASE, "float32", fail=("dx", "dgamma"), passing=OUTS + DPHI + DALPHA + DBIAS,
+                        where={"dx": {"nD": "all-but-last"}, "dgamma": {"nD": "all-but-last"}}),),
+))
+
+register_mutant(Mutant(
+    id="mhc-dx-missing-gemm", operator="mhc_pre", backend="triton", seed="mhc log, status table",
+    description="dx omits dvecX_mm * gamma",
+    edits=(("kernels.py", _DX_LINE, "dxv = - cf[None, :] * xf + hp[None, :] * gi"),),
+    expect=(Expectation(CASE, "float32", fail=("dx",), passing=OUTS + DPHI + DALPHA + DBIAS + ("dgamma",),
+                        where={"dx": {"nD": "all", "token": "all"}}),),
+))
+
+register_mutant(Mutant(
+    id="mhc-dphi-zeros", operator="mhc_pre", backend="triton", seed="mhc log",
+    description="dphi never written (left as allocated: zeros)",
+    edits=(("kernels.py", "tl.store(dphi_ptr + (m.to(tl.int64) * nD)[:, None] + j[None, :], P, mask=msk)",
+            "pass"),),
+    expect=(Expectation(CASE, "float32", fail=DPHI, zeros=DPHI,
+                        passing=OUTS + ("dx", "dgamma") + DALPHA + DBIAS),),
+))
+
+register_mutant(Mutant(
+    id="mhc-dgamma-zeros", operator="mhc_pre", backend="triton", seed="mhc log",
+    description="dgamma never written (left as allocated: zeros)",
+    edits=(("kernels.py", "tl.store(dgamma_ptr + j, dg, mask=jm)", "pass"),),
+    expect=(Expectation(CASE, "float32", fail=("dgamma",), zeros=("dgamma",),
+                        passing=OUTS + ("dx",) + DPHI + DALPHA + DBIAS),),
+))
+
+register_mutant(Mutant(
+    id="mhc-store-into-input", operator="mhc_pre", backend="triton", seed="mhc log, issue 5",
+    description="dx stored through x's pointer; the dx buffer stays as allocated (zeros, as in the seed)",
+    edits=(("kernels.py", "tl.store(dx_ptr + cur.to(tl.int64)[None, :] * nD + j[:, None]",
+            "tl.store(x_ptr + cur.to(tl.int64)[None, :] * nD + j[:, None]"),
+           ("wrapper.py", "dx = torch.empty(x.shape, dtype=x.dtype, device=dev)",
+            "dx = torch.zeros(x.shape, dtype=x.dtype, device=dev)")),
+    expect=(Expectation(CASE, "float32", fail=("dx",), contracts=("input-unchanged",),
+                        passing=OUTS + DPHI + DALPHA + DBIAS + ("dgamma",)),),
+))
+
+# Through a torch.autograd.Function this seed bug cannot reach the harness as a wrong shape: autograd
+# itself rejects a gradient of shape [n, D] for an input of shape [n*D], so the cell is an ERROR that
+# names both shapes (the golden backend's copy of this mutant shows the SHAPE verdict).
+register_mutant(Mutant(
+    id="mhc-dgamma-shape", operator="mhc_pre", backend="triton", seed="mhc log, issue 6",
+    description="dgamma returned as [n, D] instead of [n*D] (rejected by autograd: ERROR)",
+    edits=(("wrapper.py", "return dx, dphi, dalpha, dbias, dgamma\n",
+            "return dx, dphi, dalpha, dbias, dgamma.view(n, D) if dgamma is not None else None\n"),),
+    expect=(Expectation(CASE, "float32", status="ERROR"),),
+))
+
+register_mutant(Mutant(
+    id="mhc-pre-section", operator="mhc_pre", backend="triton", seed="mhc log, 2025-02-25 part",
+    description="the pre section's sigmoid derivative s * (1 - s) replaced by s",
+    edits=(("kernels.py", "dz = tl.where(pre, dhp_m * sig * (1.0 - sig), 0.0)",
+            "dz = tl.where(pre, dhp_m * sig, 0.0)"),),
+    expect=(Expectation(CASE, "float32", fail=("dalpha.pre", "dbias.pre", "dphi.pre"),
+                        passing=OUTS + ("dalpha.post", "dalpha.res", "dbias.post", "dbias.res",
+                                        "dphi.post", "dphi.res")),),
+))
