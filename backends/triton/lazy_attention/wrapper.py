@@ -50,7 +50,7 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
     # 16-bit inputs (Hopper, wgmma): the fastest of a sweep at B=4, H=16, L=4096, Dh=128, W=512 on an
     # H200 (scratch benchmark, same run as SDPA); dk/dv 32x64 was 2.5 ms slower than 64x128
     return {"fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
-            "dq": {"BLOCK": 64, "num_warps": 4, "num_stages": 2},
+            "dq": {"BLOCK": 64, "num_warps": 4, "num_stages": 3},
             "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}}[kernel]
 
 
