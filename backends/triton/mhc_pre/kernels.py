@@ -296,7 +296,7 @@ def _bwd_nd_kernel(x_ptr, gin_ptr, w_ptr, dhmix_ptr, coef_ptr, hpre_ptr, dx_ptr,
     ng = tl.load(gin_ptr + gs + goff, mask=nmask & dm[:, None], other=0.0)
     ncf = tl.load(coef_ptr + rows, mask=rows < t_hi, other=0.0)
     nhp = tl.load(hpre_ptr + rows.to(tl.int64) * n + k, mask=rows < t_hi, other=0.0)
-    for i in range(nit):
+    for _ in range(nit):
         cur = rows
         r2 = nmask
         xt = nx
