@@ -52,8 +52,15 @@ class PoisonedAllocations:
         self.records: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, str, str]] = []
         self.count = 0
 
-    def _alloc(self, shape: tuple[int, ...], stride: tuple[int, ...] | None, dtype: torch.dtype,
-               device: torch.device, requires_grad: bool = False, pin: bool = False) -> torch.Tensor:
+    def _alloc(
+        self,
+        shape: tuple[int, ...],
+        stride: tuple[int, ...] | None,
+        dtype: torch.dtype,
+        device: torch.device,
+        requires_grad: bool = False,
+        pin: bool = False,
+    ) -> torch.Tensor:
         numel_storage = 1
         if stride is None:
             n = 1
@@ -65,14 +72,21 @@ class PoisonedAllocations:
         g = self.guard
         buf = self._orig_empty(numel_storage + 2 * g, dtype=dtype, device=device)
         _guard_fill(buf[:g])
-        _guard_fill(buf[g + numel_storage:])
-        body = buf[g:g + numel_storage]
+        _guard_fill(buf[g + numel_storage :])
+        body = buf[g : g + numel_storage]
         body.fill_(_poison_value(dtype))
         view = body.view(shape) if stride is None else body.as_strided(shape, stride)
         frames = [f for f in traceback.extract_stack(limit=8) if not f.filename.endswith("alloc.py")]
         site = f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else "?"
-        self.records.append((buf, buf[:g].clone(), buf[g + numel_storage:].clone(),
-                             f"{list(shape)} {str(dtype).replace('torch.', '')}", site))
+        self.records.append(
+            (
+                buf,
+                buf[:g].clone(),
+                buf[g + numel_storage :].clone(),
+                f"{list(shape)} {str(dtype).replace('torch.', '')}",
+                site,
+            )
+        )
         self.count += 1
         if requires_grad:
             view.requires_grad_(True)
@@ -85,46 +99,96 @@ class PoisonedAllocations:
         self._orig_new_empty = torch.Tensor.new_empty
         outer = self
 
-        def empty(*size: Any, out: Any = None, dtype: Any = None, layout: Any = None, device: Any = None,
-                  requires_grad: bool = False, pin_memory: bool = False, memory_format: Any = None,
-                  **kw: Any) -> torch.Tensor:
-            if out is not None or kw or (memory_format not in (None, torch.contiguous_format)) or \
-                    (layout not in (None, torch.strided)):
-                return outer._orig_empty(*size, out=out, dtype=dtype, layout=layout, device=device,
-                                         requires_grad=requires_grad, pin_memory=pin_memory,
-                                         memory_format=memory_format, **kw)
-            shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) \
-                else tuple(size)
+        def empty(
+            *size: Any,
+            out: Any = None,
+            dtype: Any = None,
+            layout: Any = None,
+            device: Any = None,
+            requires_grad: bool = False,
+            pin_memory: bool = False,
+            memory_format: Any = None,
+            **kw: Any,
+        ) -> torch.Tensor:
+            if (
+                out is not None
+                or kw
+                or (memory_format not in (None, torch.contiguous_format))
+                or (layout not in (None, torch.strided))
+            ):
+                return outer._orig_empty(
+                    *size,
+                    out=out,
+                    dtype=dtype,
+                    layout=layout,
+                    device=device,
+                    requires_grad=requires_grad,
+                    pin_memory=pin_memory,
+                    memory_format=memory_format,
+                    **kw,
+                )
+            shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else tuple(size)
             dt = dtype or torch.get_default_dtype()
             dev = torch.device(device) if device is not None else torch.get_default_device()
             return outer._alloc(tuple(int(s) for s in shape), None, dt, dev, requires_grad)
 
-        def empty_like(t: torch.Tensor, *, dtype: Any = None, layout: Any = None, device: Any = None,
-                       requires_grad: bool = False, memory_format: Any = torch.preserve_format,
-                       **kw: Any) -> torch.Tensor:
+        def empty_like(
+            t: torch.Tensor,
+            *,
+            dtype: Any = None,
+            layout: Any = None,
+            device: Any = None,
+            requires_grad: bool = False,
+            memory_format: Any = torch.preserve_format,
+            **kw: Any,
+        ) -> torch.Tensor:
             dt = dtype or t.dtype
             dev = torch.device(device) if device is not None else t.device
             if kw or layout not in (None, torch.strided):
-                return outer._orig_empty_like(t, dtype=dtype, layout=layout, device=device,
-                                              requires_grad=requires_grad, memory_format=memory_format, **kw)
-            if memory_format == torch.preserve_format and _dense(t) \
-                    and not t.is_contiguous():
+                return outer._orig_empty_like(
+                    t,
+                    dtype=dtype,
+                    layout=layout,
+                    device=device,
+                    requires_grad=requires_grad,
+                    memory_format=memory_format,
+                    **kw,
+                )
+            if memory_format == torch.preserve_format and _dense(t) and not t.is_contiguous():
                 return outer._alloc(tuple(t.shape), tuple(t.stride()), dt, dev, requires_grad)
             return outer._alloc(tuple(t.shape), None, dt, dev, requires_grad)
 
-        def empty_strided(size: Any, stride: Any, *, dtype: Any = None, layout: Any = None,
-                          device: Any = None, requires_grad: bool = False, pin_memory: bool = False,
-                          **kw: Any) -> torch.Tensor:
+        def empty_strided(
+            size: Any,
+            stride: Any,
+            *,
+            dtype: Any = None,
+            layout: Any = None,
+            device: Any = None,
+            requires_grad: bool = False,
+            pin_memory: bool = False,
+            **kw: Any,
+        ) -> torch.Tensor:
             dt = dtype or torch.get_default_dtype()
             dev = torch.device(device) if device is not None else torch.get_default_device()
             return outer._alloc(tuple(size), tuple(stride), dt, dev, requires_grad)
 
-        def new_empty(self_t: torch.Tensor, *size: Any, dtype: Any = None, device: Any = None,
-                      requires_grad: bool = False, **kw: Any) -> torch.Tensor:
-            shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) \
-                else tuple(size)
-            return outer._alloc(tuple(int(s) for s in shape), None, dtype or self_t.dtype,
-                                torch.device(device) if device is not None else self_t.device, requires_grad)
+        def new_empty(
+            self_t: torch.Tensor,
+            *size: Any,
+            dtype: Any = None,
+            device: Any = None,
+            requires_grad: bool = False,
+            **kw: Any,
+        ) -> torch.Tensor:
+            shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else tuple(size)
+            return outer._alloc(
+                tuple(int(s) for s in shape),
+                None,
+                dtype or self_t.dtype,
+                torch.device(device) if device is not None else self_t.device,
+                requires_grad,
+            )
 
         torch.empty = empty
         torch.empty_like = empty_like
@@ -143,7 +207,7 @@ class PoisonedAllocations:
         g = self.guard
         for buf, lo, hi, what, site in self.records:
             n = buf.numel() - 2 * g
-            for side, saved, cur in (("before the start", lo, buf[:g]), ("past the end", hi, buf[g + n:])):
+            for side, saved, cur in (("before the start", lo, buf[:g]), ("past the end", hi, buf[g + n :])):
                 same = (cur == saved) | (torch.isnan(cur) & torch.isnan(saved))
                 if not bool(same.all()):
                     first = int((~same).nonzero()[0])

@@ -32,6 +32,7 @@ def timeit(fn: Callable[[], Any], reps: int = 0) -> float:
     if torch.cuda.is_available():
         try:
             from triton.testing import do_bench
+
             kw = {"return_mode": "median"}
             if reps:
                 kw["rep"] = reps
@@ -63,7 +64,7 @@ def gemm_tflops(device: str, dtype: torch.dtype = torch.bfloat16) -> float:
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     ms = timeit(lambda: a @ b)
-    return 2 * n ** 3 / ms / 1e9
+    return 2 * n**3 / ms / 1e9
 
 
 def _leaves(op: OperatorSpec, tensors: dict) -> dict[str, torch.Tensor]:
@@ -76,8 +77,9 @@ def _leaves(op: OperatorSpec, tensors: dict) -> dict[str, torch.Tensor]:
     return out
 
 
-def measure(op: OperatorSpec, b: registry.Backend, case: Case, dtype: torch.dtype, device: str,
-            reps: int = 0) -> dict[str, Any]:
+def measure(
+    op: OperatorSpec, b: registry.Backend, case: Case, dtype: torch.dtype, device: str, reps: int = 0
+) -> dict[str, Any]:
     inputs = gen_inputs(op, case, dtype, 0, device)
     contract = output_contract(op, inputs.tensors)
     fwd_fn, bwd_fn = b.resolve()
@@ -93,15 +95,22 @@ def measure(op: OperatorSpec, b: registry.Backend, case: Case, dtype: torch.dtyp
     shapes = {k: tuple(v.shape) for k, v in outs.items() if isinstance(v, torch.Tensor)}
     grads = gen_grad_outputs(op, case, 0, inputs.tensors, shapes, contract, device)
     # held in a dict so that the first forward's graph can be dropped before the memory measurement
-    st = {"saved": saved, "pairs": [(outs[n], grads[n]) for n in op.graded_outputs
-                                    if n in outs and n in grads and outs[n].requires_grad]}
+    st = {
+        "saved": saved,
+        "pairs": [(outs[n], grads[n]) for n in op.graded_outputs if n in outs and n in grads and outs[n].requires_grad],
+    }
     del outs, saved
 
     def backward_only():
         if bwd_fn is not None:
             return bwd_fn(st["saved"], grads)
-        return torch.autograd.grad([o for o, _ in st["pairs"]], list(leaves.values()), [g for _, g in st["pairs"]],
-                                   retain_graph=True, allow_unused=True)
+        return torch.autograd.grad(
+            [o for o, _ in st["pairs"]],
+            list(leaves.values()),
+            [g for _, g in st["pairs"]],
+            retain_graph=True,
+            allow_unused=True,
+        )
 
     def fwd_bwd():
         o, s = forward()
@@ -113,8 +122,13 @@ def measure(op: OperatorSpec, b: registry.Backend, case: Case, dtype: torch.dtyp
 
     with torch.no_grad():
         fwd_ms_nograd = timeit(lambda: fwd_fn(**inputs.tensors, **opts), reps) if bwd_fn is None else None
-    row: dict[str, Any] = {"backend": b.name, "role": b.role, "case": case.name, "params": case.params,
-                           "dtype": dtype_name(dtype)}
+    row: dict[str, Any] = {
+        "backend": b.name,
+        "role": b.role,
+        "case": case.name,
+        "params": case.params,
+        "dtype": dtype_name(dtype),
+    }
     row["fwd_ms"] = timeit(forward, reps)
     row["fwd_nograd_ms"] = fwd_ms_nograd
     has_grad = bool(st["pairs"]) or bwd_fn is not None
@@ -134,8 +148,14 @@ def measure(op: OperatorSpec, b: registry.Backend, case: Case, dtype: torch.dtyp
     return row
 
 
-def run_bench(kernels: list[str], backends: list[str] | None, device: str, report_dir: str,
-              dtypes: list[str] | None, reps: int = 0) -> int:
+def run_bench(
+    kernels: list[str],
+    backends: list[str] | None,
+    device: str,
+    report_dir: str,
+    dtypes: list[str] | None,
+    reps: int = 0,
+) -> int:
     ops = registry.resolve_kernels(kernels)
     prov = run_provenance(device)
     bw = copy_bandwidth(device)
@@ -146,21 +166,35 @@ def run_bench(kernels: list[str], backends: list[str] | None, device: str, repor
         op = registry.get_operator(op_name)
         cases = op.bench_cases(device.split(":")[0]) if op.bench_cases else op.cases("smoke", "cpu")[:1]
         chosen = [b for b in registry.backends(op_name) if not backends or b.name in backends]
-        dts = [dtype_of(d) for d in dtypes] if dtypes else [torch.bfloat16 if device.startswith("cuda") else torch.float32]
+        dts = (
+            [dtype_of(d) for d in dtypes]
+            if dtypes
+            else [torch.bfloat16 if device.startswith("cuda") else torch.float32]
+        )
         rows = []
         for case in cases:
             for dt in dts:
                 for b in sorted(chosen, key=lambda b: (b.name != op.baseline, b.name)):
                     why = b.unavailable(device)
                     if why or dtype_name(dt) not in b.dtypes:
-                        rows.append({"backend": b.name, "case": case.name, "dtype": dtype_name(dt),
-                                     "skip": why or "dtype not supported"})
+                        rows.append(
+                            {
+                                "backend": b.name,
+                                "case": case.name,
+                                "dtype": dtype_name(dt),
+                                "skip": why or "dtype not supported",
+                            }
+                        )
                         continue
                     try:
                         row = measure(op, b, case, dt, device, reps)
                     except Exception as e:  # a failing backend is a row, not the end of the benchmark
-                        row = {"backend": b.name, "case": case.name, "dtype": dtype_name(dt),
-                               "error": f"{type(e).__name__}: {str(e)[:300]}"}
+                        row = {
+                            "backend": b.name,
+                            "case": case.name,
+                            "dtype": dtype_name(dt),
+                            "error": f"{type(e).__name__}: {str(e)[:300]}",
+                        }
                         status = 1
                     cost = op.cost_model(case.params, dt) if op.cost_model else {}
                     _derive(row, cost, bw, tf)
@@ -190,8 +224,10 @@ def _derive(row: dict, cost: dict, bw: float, tf: float) -> None:
 
 
 def _ratios(rows: list[dict], baseline: str, case: str, dtype: str) -> None:
-    base = next((r for r in rows if r["backend"] == baseline and r["case"] == case and r["dtype"] == dtype
-                 and "fwd_ms" in r), None)
+    base = next(
+        (r for r in rows if r["backend"] == baseline and r["case"] == case and r["dtype"] == dtype and "fwd_ms" in r),
+        None,
+    )
     for r in rows:
         if base is None or r["case"] != case or r["dtype"] != dtype or "fwd_ms" not in r:
             continue
@@ -200,31 +236,51 @@ def _ratios(rows: list[dict], baseline: str, case: str, dtype: str) -> None:
                 r[f"speedup_{k[:-3]}"] = base[k] / r[k]
 
 
-def _write(op: OperatorSpec, rows: list[dict], prov: dict, bw: float, tf: float, device: str, report_dir: str,
-           chosen: list) -> None:
+def _write(
+    op: OperatorSpec, rows: list[dict], prov: dict, bw: float, tf: float, device: str, report_dir: str, chosen: list
+) -> None:
     def f(x: Any, spec: str = ".3g") -> str:
         return "" if x is None else (format(x, spec) if isinstance(x, (int, float)) else str(x))
 
-    lines = [f"# Benchmark: `{op.name}`", "", f"{prov['device']}, commit `{prov['commit']}`, {prov['date']}; "
-             + ", ".join(f"{k} {v}" for k, v in prov["versions"].items()) + ".", "",
-             f"Measured in the same run: copy bandwidth **{bw:.0f} GB/s** (bytes read + written), bf16 GEMM "
-             f"**{tf:.0f} TFLOP/s**. Times are medians (ms). `× {op.baseline}` is the speedup over the baseline "
-             "backend on the same shape (higher is faster). Bandwidth fractions use the operator's floor bytes "
-             "(each input read once, each output written once).", "",
-             "| case | dtype | backend | fwd ms | bwd ms | fwd+bwd ms | fwd BW | bwd BW | TFLOP/s | peak extra GB | "
-             f"× {op.baseline} (fwd+bwd) |", "|---" * 11 + "|"]
+    lines = [
+        f"# Benchmark: `{op.name}`",
+        "",
+        f"{prov['device']}, commit `{prov['commit']}`, {prov['date']}; "
+        + ", ".join(f"{k} {v}" for k, v in prov["versions"].items())
+        + ".",
+        "",
+        f"Measured in the same run: copy bandwidth **{bw:.0f} GB/s** (bytes read + written), bf16 GEMM "
+        f"**{tf:.0f} TFLOP/s**. Times are medians (ms). `× {op.baseline}` is the speedup over the baseline "
+        "backend on the same shape (higher is faster). Bandwidth fractions use the operator's floor bytes "
+        "(each input read once, each output written once).",
+        "",
+        "| case | dtype | backend | fwd ms | bwd ms | fwd+bwd ms | fwd BW | bwd BW | TFLOP/s | peak extra GB | "
+        f"× {op.baseline} (fwd+bwd) |",
+        "|---" * 11 + "|",
+    ]
     for r in rows:
         if "skip" in r or "error" in r:
-            lines.append(f"| {r['case']} | {short_dtype(r['dtype'])} | {r['backend']} | "
-                         f"{'SKIP: ' + r['skip'] if 'skip' in r else 'ERROR: ' + r['error']} |" + " |" * 7)
+            lines.append(
+                f"| {r['case']} | {short_dtype(r['dtype'])} | {r['backend']} | "
+                f"{'SKIP: ' + r['skip'] if 'skip' in r else 'ERROR: ' + r['error']} |" + " |" * 7
+            )
             continue
-        lines.append(f"| {r['case']} | {short_dtype(r['dtype'])} | {r['backend']}{' (' + r['role'] + ')' if r['role'] != 'kernel' else ''} | "
-                     f"{f(r.get('fwd_ms'))} | {f(r.get('bwd_ms'))} | {f(r.get('fwd_bwd_ms'))} | "
-                     f"{f(r.get('fwd_bw_frac'), '.0%')} | {f(r.get('bwd_bw_frac'), '.0%')} | {f(r.get('tflops'), '.0f')} | "
-                     f"{f(r.get('peak_extra_gb'), '.2f')} | {f(r.get('speedup_fwd_bwd'), '.2f')} |")
+        role = f" ({r['role']})" if r["role"] != "kernel" else ""
+        lines.append(
+            f"| {r['case']} | {short_dtype(r['dtype'])} | {r['backend']}{role} | "
+            f"{f(r.get('fwd_ms'))} | {f(r.get('bwd_ms'))} | {f(r.get('fwd_bwd_ms'))} | "
+            f"{f(r.get('fwd_bw_frac'), '.0%')} | {f(r.get('bwd_bw_frac'), '.0%')} | {f(r.get('tflops'), '.0f')} | "
+            f"{f(r.get('peak_extra_gb'), '.2f')} | {f(r.get('speedup_fwd_bwd'), '.2f')} |"
+        )
     text = "\n".join(lines) + "\n"
-    payload = {"operator": op.name, "provenance": prov, "copy_gbps": bw, "gemm_tflops": tf, "rows": rows,
-               "backends": {b.name: backend_provenance(b.source_files()) for b in chosen}}
+    payload = {
+        "operator": op.name,
+        "provenance": prov,
+        "copy_gbps": bw,
+        "gemm_tflops": tf,
+        "rows": rows,
+        "backends": {b.name: backend_provenance(b.source_files()) for b in chosen},
+    }
     root = Path(report_dir)
     dst = root if device.startswith("cuda") else root / device_class(device)
     atomic_write(dst / f"bench-{op.name}.md", text)

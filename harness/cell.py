@@ -44,8 +44,15 @@ def output_contract(op: OperatorSpec, tensors: dict[str, Tensor | None]) -> dict
     return op.output_dtypes(tensors) if op.output_dtypes else {}
 
 
-def gen_grad_outputs(op: OperatorSpec, case: Case, seed: int, tensors: dict, shapes: dict[str, tuple],
-                     dtypes: dict[str, torch.dtype], device: str) -> dict[str, Tensor]:
+def gen_grad_outputs(
+    op: OperatorSpec,
+    case: Case,
+    seed: int,
+    tensors: dict,
+    shapes: dict[str, tuple],
+    dtypes: dict[str, torch.dtype],
+    device: str,
+) -> dict[str, Tensor]:
     gen = generator(op.name, case.name, case.params, seed, "grad")
     if op.make_grad_outputs is not None:
         return op.make_grad_outputs(tensors, case, gen, device)
@@ -74,12 +81,14 @@ def _as_dict(op: OperatorSpec, outs: Any) -> dict[str, Tensor]:
 
 
 def _upcast(tensors: dict[str, Any], dt: torch.dtype) -> dict[str, Any]:
-    return {k: (v.detach().to(dt) if isinstance(v, Tensor) and v.is_floating_point() else v)
-            for k, v in tensors.items()}
+    return {
+        k: (v.detach().to(dt) if isinstance(v, Tensor) and v.is_floating_point() else v) for k, v in tensors.items()
+    }
 
 
-def evaluate(op: OperatorSpec, fn: Callable, tensors: dict[str, Any], options: dict,
-             grad_outputs: dict[str, Tensor] | None) -> tuple[dict[str, Tensor], dict[str, Tensor | None]]:
+def evaluate(
+    op: OperatorSpec, fn: Callable, tensors: dict[str, Any], options: dict, grad_outputs: dict[str, Tensor] | None
+) -> tuple[dict[str, Tensor], dict[str, Tensor | None]]:
     """Call an autograd-capable ``fn`` and differentiate the graded outputs."""
     leaves = {}
     for name in op.differentiable:
@@ -95,13 +104,15 @@ def evaluate(op: OperatorSpec, fn: Callable, tensors: dict[str, Any], options: d
     names = list(leaves)
     if not pairs or not names:
         return outs, {n: None for n in names}
-    grads = torch.autograd.grad([o for o, _ in pairs], [leaves[n] for n in names],
-                                [g.to(o.dtype) for o, g in pairs], allow_unused=True)
+    grads = torch.autograd.grad(
+        [o for o, _ in pairs], [leaves[n] for n in names], [g.to(o.dtype) for o, g in pairs], allow_unused=True
+    )
     return outs, dict(zip(names, grads, strict=True))
 
 
-def reference_run(op: OperatorSpec, inputs: Inputs, grad_outputs: dict[str, Tensor] | None,
-                  compute: torch.dtype, tf32: bool = False) -> tuple[dict, dict, dict]:
+def reference_run(
+    op: OperatorSpec, inputs: Inputs, grad_outputs: dict[str, Tensor] | None, compute: torch.dtype, tf32: bool = False
+) -> tuple[dict, dict, dict]:
     t = _upcast(inputs.tensors, compute)
     g = _upcast(grad_outputs, compute) if grad_outputs is not None else None
     prev = torch.backends.cuda.matmul.allow_tf32
@@ -110,18 +121,29 @@ def reference_run(op: OperatorSpec, inputs: Inputs, grad_outputs: dict[str, Tens
         outs, grads = evaluate(op, op.reference, t, inputs.options, g)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
-    return ({k: v.detach() for k, v in outs.items() if isinstance(v, Tensor)},
-            {k: (v.detach() if v is not None else None) for k, v in grads.items()}, t)
+    return (
+        {k: v.detach() for k, v in outs.items() if isinstance(v, Tensor)},
+        {k: (v.detach() if v is not None else None) for k, v in grads.items()},
+        t,
+    )
 
 
 def _key(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int, device: str, tf32: bool) -> tuple:
     import json
-    return (op.name, case.name, json.dumps(case.params, sort_keys=True, default=str), case.microbatches,
-            str(dtype), seed, device, tf32)
+
+    return (
+        op.name,
+        case.name,
+        json.dumps(case.params, sort_keys=True, default=str),
+        case.microbatches,
+        str(dtype),
+        seed,
+        device,
+        tf32,
+    )
 
 
-def oracle_and_floor(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int, device: str,
-                     tf32: bool) -> dict:
+def oracle_and_floor(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int, device: str, tf32: bool) -> dict:
     """Oracle (float64) and floor reference (float32, rounded to contract dtypes); cached per case."""
     key = _key(op, case, dtype, seed, device, tf32)
     if key in _ORACLE_CACHE:
@@ -159,10 +181,22 @@ def oracle_and_floor(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int
             err_grad.setdefault(k, []).append(_err(v, o_grad.get(k)))
     extra: dict[str, Any] = {}
     if op.extra_bound is not None:
-        kw = {"matmul_precision": "tf32"} if tf32 and "matmul_precision" in inspect.signature(op.extra_bound).parameters else {}
+        kw = (
+            {"matmul_precision": "tf32"}
+            if tf32 and "matmul_precision" in inspect.signature(op.extra_bound).parameters
+            else {}
+        )
         extra = op.extra_bound(t64, _upcast(g, torch.float64), case, **kw) or {}
-    entry = {"inputs": inputs, "contract": contract, "grad_outputs": g, "o_out": o_out, "o_grad": o_grad,
-             "r_out": err_out, "r_grad": err_grad, "extra": extra}
+    entry = {
+        "inputs": inputs,
+        "contract": contract,
+        "grad_outputs": g,
+        "o_out": o_out,
+        "o_grad": o_grad,
+        "r_out": err_out,
+        "r_grad": err_grad,
+        "extra": extra,
+    }
     _ORACLE_CACHE[key] = entry
     while len(_ORACLE_CACHE) > 2:
         _ORACLE_CACHE.popitem(last=False)
@@ -181,7 +215,7 @@ def _perturb(tensors: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
     for k, v in tensors.items():
         if isinstance(v, Tensor) and v.is_floating_point():
             sign = torch.randint(0, 2, tuple(v.shape), generator=gen).to(torch.float32) * 2 - 1
-            out[k] = v.detach().to(torch.float32) * (1 + 2.0 ** -22 * sign.to(v.device))
+            out[k] = v.detach().to(torch.float32) * (1 + 2.0**-22 * sign.to(v.device))
         else:
             out[k] = v
     return out
@@ -197,8 +231,9 @@ def _same(a: Tensor, b: Tensor) -> bool:
     return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
 
 
-def call_backend(op: OperatorSpec, backend: Backend, inputs: Inputs, grad_outputs: dict[str, Tensor],
-                 device: str) -> dict[str, Any]:
+def call_backend(
+    op: OperatorSpec, backend: Backend, inputs: Inputs, grad_outputs: dict[str, Tensor], device: str
+) -> dict[str, Any]:
     """Run the backend once on fresh inputs under poisoned allocations; report contract data."""
     fwd, bwd = backend.resolve()
     before = {k: _fingerprint(v) for k, v in inputs.tensors.items()}
@@ -214,30 +249,56 @@ def call_backend(op: OperatorSpec, backend: Backend, inputs: Inputs, grad_output
         _sync(device)
     modified = [k for k, v in inputs.tensors.items() if isinstance(v, Tensor) and not _same(v.detach(), before[k])]
     modified += [f"grad of {k}" for k, v in grad_outputs.items() if not _same(v, g_before[k])]
-    return {"outs": {k: v.detach() for k, v in outs.items() if isinstance(v, Tensor)},
-            "grads": {k: (v.detach() if isinstance(v, Tensor) else v) for k, v in grads.items()},
-            "modified": modified, "guards": poison.violations(), "allocations": poison.count,
-            "impl": fwd}
+    return {
+        "outs": {k: v.detach() for k, v in outs.items() if isinstance(v, Tensor)},
+        "grads": {k: (v.detach() if isinstance(v, Tensor) else v) for k, v in grads.items()},
+        "modified": modified,
+        "guards": poison.violations(),
+        "allocations": poison.count,
+        "impl": fwd,
+    }
 
 
-def call_microbatched(op: OperatorSpec, backend: Backend, inputs: Inputs, grad_outputs: dict[str, Tensor],
-                      k: int, seed: int, case: Case, device: str) -> dict[str, Any]:
+def call_microbatched(
+    op: OperatorSpec,
+    backend: Backend,
+    inputs: Inputs,
+    grad_outputs: dict[str, Tensor],
+    k: int,
+    seed: int,
+    case: Case,
+    device: str,
+) -> dict[str, Any]:
     """The microbatch property: K unequal parts, each with the global normalizer; recombined."""
     mb = op.microbatch
     assert mb is not None
     parts = mb.split(inputs, k, generator(op.name, case.name, seed, "split"))
     runs, offset = [], 0
     for part in parts:
-        tensors = {n: (t.detach().clone() if isinstance(t, Tensor) and t.is_floating_point() else t)
-                   for n, t in part.tensors.items()}
+        tensors = {
+            n: (t.detach().clone() if isinstance(t, Tensor) and t.is_floating_point() else t)
+            for n, t in part.tensors.items()
+        }
         part = Inputs(tensors, part.options)
-        size = next((part.tensors[n].shape[0] for n, how in mb.combine.items()
-                     if how == "cat0" and isinstance(part.tensors.get(n), Tensor)), 0)
-        g = {n: (v if mb.combine.get(n) != "cat0" else v[offset:offset + size]) for n, v in grad_outputs.items()}
+        size = next(
+            (
+                part.tensors[n].shape[0]
+                for n, how in mb.combine.items()
+                if how == "cat0" and isinstance(part.tensors.get(n), Tensor)
+            ),
+            0,
+        )
+        g = {n: (v if mb.combine.get(n) != "cat0" else v[offset : offset + size]) for n, v in grad_outputs.items()}
         offset += size
         runs.append(call_backend(op, backend, part, g, device))
-    combined: dict[str, Any] = {"outs": {}, "grads": {}, "modified": [], "guards": [], "allocations": 0,
-                                "impl": runs[0]["impl"]}
+    combined: dict[str, Any] = {
+        "outs": {},
+        "grads": {},
+        "modified": [],
+        "guards": [],
+        "allocations": 0,
+        "impl": runs[0]["impl"],
+    }
     for key in ("outs", "grads"):
         for name in runs[0][key]:
             vals = [r[key].get(name) for r in runs]
@@ -261,9 +322,15 @@ def _parts(op: OperatorSpec, inputs: Inputs, grad_outputs: dict, k: int, case: C
     assert mb is not None
     offset = 0
     for part in mb.split(inputs, k, generator(op.name, case.name, seed, "split")):
-        size = next((part.tensors[n].shape[0] for n, how in mb.combine.items()
-                     if how == "cat0" and isinstance(part.tensors.get(n), Tensor)), 0)
-        g = {n: (v if mb.combine.get(n) != "cat0" else v[offset:offset + size]) for n, v in grad_outputs.items()}
+        size = next(
+            (
+                part.tensors[n].shape[0]
+                for n, how in mb.combine.items()
+                if how == "cat0" and isinstance(part.tensors.get(n), Tensor)
+            ),
+            0,
+        )
+        g = {n: (v if mb.combine.get(n) != "cat0" else v[offset : offset + size]) for n, v in grad_outputs.items()}
         offset += size
         yield part, g
 
@@ -274,8 +341,9 @@ def _combine(mb: Any, name: str, vals: list[Tensor]) -> Tensor:
     return torch.stack([v.to(torch.float32) for v in vals]).sum(0).to(vals[0].dtype)
 
 
-def _floor_microbatched(op: OperatorSpec, inputs: Inputs, g: dict, case: Case, seed: int, contract: dict,
-                        tf32: bool) -> tuple[dict, dict]:
+def _floor_microbatched(
+    op: OperatorSpec, inputs: Inputs, g: dict, case: Case, seed: int, contract: dict, tf32: bool
+) -> tuple[dict, dict]:
     outs: dict[str, list[Tensor]] = {}
     grads: dict[str, list[Tensor]] = {}
     for part, pg in _parts(op, inputs, g, case.microbatches, case, seed):
@@ -294,9 +362,15 @@ def _naive_microbatch(op: OperatorSpec, parts: list[Inputs], grad_outputs: dict,
     grads: dict[str, list[Tensor]] = {}
     offset = 0
     for part in parts:
-        size = next((part.tensors[n].shape[0] for n, how in mb.combine.items()
-                     if how == "cat0" and isinstance(part.tensors.get(n), Tensor)), 0)
-        g = {n: (v if mb.combine.get(n) != "cat0" else v[offset:offset + size]) for n, v in grad_outputs.items()}
+        size = next(
+            (
+                part.tensors[n].shape[0]
+                for n, how in mb.combine.items()
+                if how == "cat0" and isinstance(part.tensors.get(n), Tensor)
+            ),
+            0,
+        )
+        g = {n: (v if mb.combine.get(n) != "cat0" else v[offset : offset + size]) for n, v in grad_outputs.items()}
         offset += size
         naive = Inputs(part.tensors, mb.naive_options(dict(part.options)))
         _, gr, _ = reference_run(op, naive, g, torch.float64)
@@ -306,8 +380,9 @@ def _naive_microbatch(op: OperatorSpec, parts: list[Inputs], grad_outputs: dict,
     return {n: (torch.cat(v, 0) if mb.combine.get(n) == "cat0" else torch.stack(v).sum(0)) for n, v in grads.items()}
 
 
-def judge_all(op: OperatorSpec, backend: Backend, case: Case, ref: dict, got: dict,
-              k_max: float, k_rms: float) -> list[dict]:
+def judge_all(
+    op: OperatorSpec, backend: Backend, case: Case, ref: dict, got: dict, k_max: float, k_rms: float
+) -> list[dict]:
     rows = []
     extra = ref["extra"]
     for comp in op.components:
@@ -329,8 +404,7 @@ def judge_all(op: OperatorSpec, backend: Backend, case: Case, ref: dict, got: di
         eb = extra.get(comp.name)
         res, e = judge(comp.name, kv, ov, rv, contract, eb, k_max, k_rms)
         if res.verdict != "PASS" and e is not None:
-            res.localization = loc.localize(e, kv, ov, comp.axes, res.tol_max, res.tol_rms,
-                                            backend.blocks, case.params)
+            res.localization = loc.localize(e, kv, ov, comp.axes, res.tol_max, res.tol_rms, backend.blocks, case.params)
             res.localization["text"] = loc.describe(res.localization)
             g = loc.grid(e, comp.axes, backend.blocks, case.params)
             if g is not None:
@@ -350,14 +424,24 @@ def _determinism(a: dict, b: dict) -> str:
     return "bitwise" if same else "different"
 
 
-def run_cell(op: OperatorSpec, backend: Backend, case: Case, dtype_name: str, device: str, seed: int = 0,
-             repeats: int = 2) -> dict[str, Any]:
+def run_cell(
+    op: OperatorSpec, backend: Backend, case: Case, dtype_name: str, device: str, seed: int = 0, repeats: int = 2
+) -> dict[str, Any]:
     """Everything about one cell, as a JSON-able dict."""
     t0 = time.time()
     dtype = dtype_of(dtype_name)
-    cell: dict[str, Any] = {"operator": op.name, "backend": backend.name, "dtype": dtype_name,
-                            "case": case.to_json(), "device": device, "seed": seed, "status": "PASS",
-                            "components": [], "contracts": [], "notes": []}
+    cell: dict[str, Any] = {
+        "operator": op.name,
+        "backend": backend.name,
+        "dtype": dtype_name,
+        "case": case.to_json(),
+        "device": device,
+        "seed": seed,
+        "status": "PASS",
+        "components": [],
+        "contracts": [],
+        "notes": [],
+    }
     tf32 = backend.matmul_precision == "tf32"
     ref = oracle_and_floor(op, case, dtype, seed, device, tf32)
     t_ref = time.time() - t0
@@ -388,10 +472,21 @@ def run_cell(op: OperatorSpec, backend: Backend, case: Case, dtype_name: str, de
         cell["notes"].append(f"kink: {int(marked)} element(s) marked; extra_bound applied")
         cell["kink_marked"] = int(marked)
     contracts = cell["contracts"]
-    contracts.append({"name": "input-unchanged", "ok": not got["modified"],
-                      "detail": ("modified: " + ", ".join(got["modified"])) if got["modified"] else ""})
-    contracts.append({"name": "guard-bands", "ok": not got["guards"], "detail": "; ".join(got["guards"][:3]),
-                      "allocations": got["allocations"]})
+    contracts.append(
+        {
+            "name": "input-unchanged",
+            "ok": not got["modified"],
+            "detail": ("modified: " + ", ".join(got["modified"])) if got["modified"] else "",
+        }
+    )
+    contracts.append(
+        {
+            "name": "guard-bands",
+            "ok": not got["guards"],
+            "detail": "; ".join(got["guards"][:3]),
+            "allocations": got["allocations"],
+        }
+    )
     if op.invariants is not None and case.microbatches <= 1:
         inp, g = fresh()
         fails = op.invariants(got["outs"], got["grads"], inp, case, grad_outputs=g)
@@ -401,8 +496,13 @@ def run_cell(op: OperatorSpec, backend: Backend, case: Case, dtype_name: str, de
         again.pop("impl")
         kind = _determinism(got, again)
         ok = kind == "bitwise" or not backend.deterministic
-        contracts.append({"name": "determinism", "ok": ok, "detail": kind + (
-            "" if ok else " across two runs although the backend declares itself deterministic")})
+        contracts.append(
+            {
+                "name": "determinism",
+                "ok": ok,
+                "detail": kind + ("" if ok else " across two runs although the backend declares itself deterministic"),
+            }
+        )
     if "naive" in got:
         cell["microbatch"] = _naive_report(op, case, ref, got["naive"])
     verdicts = [r["verdict"] for r in rows]
@@ -426,31 +526,56 @@ def _naive_report(op: OperatorSpec, case: Case, ref: dict, naive: dict[str, Tens
         d = (v - o).double()
         denom = o.double().pow(2).mean().sqrt().item()
         rel = d.pow(2).mean().sqrt().item() / denom if denom > 0 else 0.0
-        out[n] = {"max_err": float(d.abs().max()) if d.numel() else 0.0,
-                  "rel_rms": rel if math.isfinite(rel) else str(rel)}
+        out[n] = {
+            "max_err": float(d.abs().max()) if d.numel() else 0.0,
+            "rel_rms": rel if math.isfinite(rel) else str(rel),
+        }
     return {"k": case.microbatches, "per_microbatch_mean_error": out}
 
 
-def error_cell(op_name: str, backend: str, case: Case, dtype: str, device: str, seed: int, status: str,
-               message: str, tb: str = "") -> dict[str, Any]:
-    return {"operator": op_name, "backend": backend, "dtype": dtype, "case": case.to_json(), "device": device,
-            "seed": seed, "status": status, "error": message, "traceback": tb, "components": [],
-            "contracts": [], "notes": []}
+def error_cell(
+    op_name: str, backend: str, case: Case, dtype: str, device: str, seed: int, status: str, message: str, tb: str = ""
+) -> dict[str, Any]:
+    return {
+        "operator": op_name,
+        "backend": backend,
+        "dtype": dtype,
+        "case": case.to_json(),
+        "device": device,
+        "seed": seed,
+        "status": status,
+        "error": message,
+        "traceback": tb,
+        "components": [],
+        "contracts": [],
+        "notes": [],
+    }
 
 
-def safe_run_cell(op: OperatorSpec, backend: Backend, case: Case, dtype: str, device: str, seed: int = 0,
-                  repeats: int = 2) -> dict[str, Any]:
+def safe_run_cell(
+    op: OperatorSpec, backend: Backend, case: Case, dtype: str, device: str, seed: int = 0, repeats: int = 2
+) -> dict[str, Any]:
     """run_cell, with an exception in the backend turned into an ERROR cell."""
     try:
         return run_cell(op, backend, case, dtype, device, seed, repeats)
     except Exception as e:  # the backend's failure is data, not a crash of the sweep
         msg = f"{type(e).__name__}: {e}"
         status = "CRASH" if _is_device_fault(msg) else "ERROR"
-        return error_cell(op.name, backend.name, case, dtype, device, seed, status, msg[:2000],
-                          traceback.format_exc(limit=12))
+        return error_cell(
+            op.name, backend.name, case, dtype, device, seed, status, msg[:2000], traceback.format_exc(limit=12)
+        )
 
 
 def _is_device_fault(msg: str) -> bool:
     m = msg.lower()
-    return any(s in m for s in ("illegal memory access", "misaligned address", "unspecified launch failure",
-                                "device-side assert", "an illegal instruction", "cuda error: launch failure"))
+    return any(
+        s in m
+        for s in (
+            "illegal memory access",
+            "misaligned address",
+            "unspecified launch failure",
+            "device-side assert",
+            "an illegal instruction",
+            "cuda error: launch failure",
+        )
+    )

@@ -22,6 +22,7 @@ class UsageError(Exception):
 
 def default_device() -> str:
     import torch
+
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -50,8 +51,16 @@ def cmd_run(a: argparse.Namespace) -> int:
     device = a.device or default_device()
     _load_plugins(a.plugin)
     try:
-        plan = runner.plan(as_list(a.kernel), a.sizes, as_list(a.backend) or None, as_list(a.dtype) or None,
-                           device, a.seed, a.repeats, case_filter=a.case)
+        plan = runner.plan(
+            as_list(a.kernel),
+            a.sizes,
+            as_list(a.backend) or None,
+            as_list(a.dtype) or None,
+            device,
+            a.seed,
+            a.repeats,
+            case_filter=a.case,
+        )
     except (KeyError, ValueError) as e:
         raise UsageError(str(e).strip('"')) from e
     if a.hypothesis:
@@ -62,8 +71,10 @@ def cmd_run(a: argparse.Namespace) -> int:
     header["run_id"] = uuid.uuid4().hex[:10]
     header["command"] = "harness " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     header["sizes"] = a.sizes
-    header["backends"] = {f"{t.operator}/{t.backend}": backend_provenance(
-        registry.get_backend(t.operator, t.backend).source_files()) for t in plan.tasks}
+    header["backends"] = {
+        f"{t.operator}/{t.backend}": backend_provenance(registry.get_backend(t.operator, t.backend).source_files())
+        for t in plan.tasks
+    }
     writer = report.ReportWriter(a.report, device_class(device), header)
     bar = _progress(len(plan.tasks), not a.no_progress)
     t0 = time.time()
@@ -82,8 +93,10 @@ def cmd_run(a: argparse.Namespace) -> int:
     counts = runner.per_worker_counts(results)
     if len(counts) > 1 or device.startswith("cuda"):
         print("cells per worker: " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
-    print(f"{len(results)} cells in {time.time() - t0:.1f} s; reports: "
-          + ", ".join(str(p) for p in paths if p.suffix == ".md"))
+    print(
+        f"{len(results)} cells in {time.time() - t0:.1f} s; reports: "
+        + ", ".join(str(p) for p in paths if p.suffix == ".md")
+    )
     _save_repros(results, a, device)
     return runner.exit_code(results, plan.explicit)
 
@@ -92,8 +105,11 @@ def _save_repros(results: list[dict], a: argparse.Namespace, device: str) -> Non
     """A bundle per failing cell; failing hypothesis-drawn cells are first shrunk to a minimal case."""
     from .repro import save_bundle
 
-    bad = [c for c in results if c["status"] in ("FAIL", "SHAPE", "ERROR", "CRASH", "TIMEOUT")
-           and not c.get("expected_gap")]
+    bad = [
+        c
+        for c in results
+        if c["status"] in ("FAIL", "SHAPE", "ERROR", "CRASH", "TIMEOUT") and not c.get("expected_gap")
+    ]
     shrunk: set[tuple] = set()
     for c in bad[:20]:
         key = (c["operator"], c["backend"], c["dtype"])
@@ -112,8 +128,9 @@ def _shrink(cell: dict, device: str) -> dict | None:
     last: dict = {}
 
     def fails(case) -> bool:
-        t = plan([cell["operator"]], "smoke", [cell["backend"]], [cell["dtype"]], device,
-                 cases={cell["operator"]: [case]}).tasks[0]
+        t = plan(
+            [cell["operator"]], "smoke", [cell["backend"]], [cell["dtype"]], device, cases={cell["operator"]: [case]}
+        ).tasks[0]
         got = ex.run(t)
         if got["status"] not in ("PASS", "SKIP"):
             last["cell"] = got
@@ -137,8 +154,15 @@ def _hypothesis_tasks(plan, a: argparse.Namespace, device: str) -> list:
     for op_name in registry.resolve_kernels(as_list(a.kernel)):
         cases = sample_cases(op_name, device.split(":")[0], a.hypothesis, a.seed)
         sub = __import__("harness.runner", fromlist=["plan"]).plan(
-            [op_name], a.sizes, as_list(a.backend) or None, as_list(a.dtype) or None, device, a.seed,
-            a.repeats, cases={op_name: cases})
+            [op_name],
+            a.sizes,
+            as_list(a.backend) or None,
+            as_list(a.dtype) or None,
+            device,
+            a.seed,
+            a.repeats,
+            cases={op_name: cases},
+        )
         extra += sub.tasks
     return extra
 
@@ -151,8 +175,10 @@ def cmd_list(a: argparse.Namespace) -> int:
         fam = f" (family: {', '.join(op.aliases)})" if op.aliases else ""
         print(f"{name}{fam}: {op.doc}")
         print(f"  components: {', '.join(c.name for c in op.components)}")
-        print(f"  presets: {', '.join(op.presets)}; dtypes on {device.split(':')[0]}: "
-              f"{', '.join(op.dtypes.get(device.split(':')[0], ()))}")
+        print(
+            f"  presets: {', '.join(op.presets)}; dtypes on {device.split(':')[0]}: "
+            f"{', '.join(op.dtypes.get(device.split(':')[0], ()))}"
+        )
         for b in sorted(registry.backends(name), key=lambda b: b.name):
             why = b.unavailable(device)
             state = "runs here" if not why else f"SKIP: {why}"
@@ -181,16 +207,28 @@ def cmd_report(a: argparse.Namespace) -> int:
 def cmd_mutants(a: argparse.Namespace) -> int:
     from .mutants import run_zoo
 
-    return run_zoo(as_list(a.kernel) or ["all"], a.device or default_device(), a.report, a.timeout,
-                   only=as_list(a.only) or None, progress=not a.no_progress)
+    return run_zoo(
+        as_list(a.kernel) or ["all"],
+        a.device or default_device(),
+        a.report,
+        a.timeout,
+        only=as_list(a.only) or None,
+        progress=not a.no_progress,
+    )
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
     from .bench import run_bench
 
     _load_plugins(a.plugin)
-    return run_bench(as_list(a.kernel) or ["all"], as_list(a.backend) or None, a.device or default_device(),
-                     a.report, as_list(a.dtype) or None, a.reps)
+    return run_bench(
+        as_list(a.kernel) or ["all"],
+        as_list(a.backend) or None,
+        a.device or default_device(),
+        a.report,
+        as_list(a.dtype) or None,
+        a.reps,
+    )
 
 
 def cmd_repro(a: argparse.Namespace) -> int:
@@ -205,9 +243,15 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def common(sp: argparse.ArgumentParser, kernel_default: str | None = None) -> None:
-        sp.add_argument("--kernel", default=kernel_default, required=kernel_default is None,
-                        help="operator id, family alias (e.g. mhc) or 'all'; comma-separated")
-        sp.add_argument("--device", default=None, help="cpu, cuda (all visible GPUs) or cuda:N; default: cuda if present")
+        sp.add_argument(
+            "--kernel",
+            default=kernel_default,
+            required=kernel_default is None,
+            help="operator id, family alias (e.g. mhc) or 'all'; comma-separated",
+        )
+        sp.add_argument(
+            "--device", default=None, help="cpu, cuda (all visible GPUs) or cuda:N; default: cuda if present"
+        )
         sp.add_argument("--plugin", action="append", default=[], help="adapter file or module (repeatable)")
         sp.add_argument("--report", default="reports", help="report directory (default: reports)")
         sp.add_argument("--no-progress", action="store_true")

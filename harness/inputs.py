@@ -16,8 +16,9 @@ Tensor = torch.Tensor
 
 
 def stable_seed(*parts: object) -> int:
-    blob = json.dumps([str(p) if not isinstance(p, (int, float, str, list, dict)) else p for p in parts],
-                      sort_keys=True, default=str).encode()
+    blob = json.dumps(
+        [str(p) if not isinstance(p, (int, float, str, list, dict)) else p for p in parts], sort_keys=True, default=str
+    ).encode()
     return int.from_bytes(hashlib.sha256(blob).digest()[:8], "little") & ((1 << 63) - 1)
 
 
@@ -27,14 +28,20 @@ def generator(*parts: object) -> torch.Generator:
     return g
 
 
-def randn(shape: tuple[int, ...] | list[int], gen: torch.Generator, dtype: torch.dtype = torch.float32,
-          scale: float = 1.0, mean: float = 0.0) -> Tensor:
+def randn(
+    shape: tuple[int, ...] | list[int],
+    gen: torch.Generator,
+    dtype: torch.dtype = torch.float32,
+    scale: float = 1.0,
+    mean: float = 0.0,
+) -> Tensor:
     """CPU normal draws rounded to ``dtype`` (drawn in float32 so every dtype sees the same stream)."""
     return (torch.randn(tuple(shape), generator=gen, dtype=torch.float32) * scale + mean).to(dtype)
 
 
-def uniform(shape: tuple[int, ...] | list[int], gen: torch.Generator, lo: float, hi: float,
-            dtype: torch.dtype = torch.float32) -> Tensor:
+def uniform(
+    shape: tuple[int, ...] | list[int], gen: torch.Generator, lo: float, hi: float, dtype: torch.dtype = torch.float32
+) -> Tensor:
     return (torch.rand(tuple(shape), generator=gen, dtype=torch.float32) * (hi - lo) + lo).to(dtype)
 
 
@@ -53,8 +60,12 @@ def place(values: Tensor, layout: str, device: str | torch.device) -> Tensor:
     if kind == "pad":
         k = int(arg) if arg else 5
         shape = list(values.shape)
-        buf = torch.full((*shape[:-1], shape[-1] + k), float("nan") if values.is_floating_point() else 0,
-                         dtype=values.dtype, device=device)
+        buf = torch.full(
+            (*shape[:-1], shape[-1] + k),
+            float("nan") if values.is_floating_point() else 0,
+            dtype=values.dtype,
+            device=device,
+        )
         out = buf[..., : shape[-1]]
         out.copy_(values.to(device))
         return out

@@ -55,8 +55,16 @@ def _per_slice(x: Tensor, dim: int, size: int, nslices: int, reduce: str) -> Ten
     raise ValueError(reduce)
 
 
-def localize(e: Tensor, k: Tensor, o: Tensor, axes: tuple[Axis, ...], tol_max: float, tol_rms: float,
-             blocks: dict[str, int], params: dict) -> dict[str, Any]:
+def localize(
+    e: Tensor,
+    k: Tensor,
+    o: Tensor,
+    axes: tuple[Axis, ...],
+    tol_max: float,
+    tol_rms: float,
+    blocks: dict[str, int],
+    params: dict,
+) -> dict[str, Any]:
     """Per-axis bad/zero/non-finite slices, the first bad index and the worst index, as data."""
     k = k.detach().to(torch.float64)
     o = o.detach().to(torch.float64)
@@ -87,8 +95,17 @@ def localize(e: Tensor, k: Tensor, o: Tensor, axes: tuple[Axis, ...], tol_max: f
         nonz_o = _per_slice(onz.double(), ax.dim, size, ns, "count")
         zero = ((nzero == nonz_o) & (nonz_o > 0)).nonzero().flatten().tolist()
         nf = (_per_slice(nonfin.double(), ax.dim, size, ns, "count") > 0).nonzero().flatten().tolist()
-        out["axes"].append({"axis": ax.name, "block": size, "slices": ns, "bad": bad, "zero": zero,
-                            "nonfinite": nf, "slice_max": [round(float(v), 6) for v in smax[:64]]})
+        out["axes"].append(
+            {
+                "axis": ax.name,
+                "block": size,
+                "slices": ns,
+                "bad": bad,
+                "zero": zero,
+                "nonfinite": nf,
+                "slice_max": [round(float(v), 6) for v in smax[:64]],
+            }
+        )
     return out
 
 
@@ -119,8 +136,10 @@ def diagnose(loc: dict[str, Any], res: Any) -> str:
         return "never written: a missing store, or a store through another tensor's pointer"
     if res.reason.startswith("non-finite"):
         if res.nonfinite and res.zero_frac == 0:
-            return ("NaN/Inf where the oracle is finite: elements never written (the harness poisons "
-                    "fresh allocations with NaN), an overflow, or a read past a mask")
+            return (
+                "NaN/Inf where the oracle is finite: elements never written (the harness poisons "
+                "fresh allocations with NaN), an overflow, or a read past a mask"
+            )
         return "NaN/Inf positions differ from the oracle's"
     hints = []
     for a in loc.get("axes", []):
@@ -132,11 +151,15 @@ def diagnose(loc: dict[str, Any], res: Any) -> str:
             if a["block"] > 1:
                 hints.append(f"only the first {name} block is right: offsets of later blocks are wrong")
             else:
-                hints.append(f"only {name} 0 is right: a {name} stride is wrong (e.g. one tensor "
-                             f"addressed with another tensor's {name} stride), or {name} > 0 never written")
+                hints.append(
+                    f"only {name} 0 is right: a {name} stride is wrong (e.g. one tensor "
+                    f"addressed with another tensor's {name} stride), or {name} > 0 never written"
+                )
         elif bad == set(range(0, n - 1)):
-            hints.append(f"only the last {name} block is right: accumulation across {name} blocks lost "
-                         f"(each block overwrites the previous one)")
+            hints.append(
+                f"only the last {name} block is right: accumulation across {name} blocks lost "
+                f"(each block overwrites the previous one)"
+            )
         elif bad == {n - 1}:
             hints.append(f"only the last (partial) {name} block is wrong: a tail mask or bound")
         elif bad == {0} and n > 2:
@@ -144,14 +167,14 @@ def diagnose(loc: dict[str, Any], res: Any) -> str:
         if a["zero"] and set(a["zero"]) == bad:
             hints.append(f"{name} {ranges(sorted(bad))} never written")
     if res.cosine > 0.999 and res.rel_rms > 1e-3 and not hints:
-        hints.append("right direction, wrong magnitude: a scale or normalizer (mean vs sum, a microbatch "
-                     "count) is off")
+        hints.append("right direction, wrong magnitude: a scale or normalizer (mean vs sum, a microbatch count) is off")
     if res.cosine < -0.99:
         hints.append("sign flipped")
     if not hints and res.verdict == "FAIL":
         if res.ratio_rms > 1 and res.ratio_max <= 1:
-            hints.append("diffuse error above the floor everywhere: low-precision accumulation or a "
-                         "slightly wrong formula")
+            hints.append(
+                "diffuse error above the floor everywhere: low-precision accumulation or a slightly wrong formula"
+            )
         elif abs(res.cosine) < 0.9:
             hints.append("uncorrelated with the oracle: a wrong formula or wrong operands")
     return "; ".join(dict.fromkeys(hints))
@@ -182,7 +205,9 @@ def matches(pattern: Any, bad: list[int], slices: int) -> bool:
     return set(bad) == want
 
 
-def grid(e: Tensor, axes: tuple[Axis, ...], blocks: dict[str, int], params: dict, cap: int = 64) -> dict[str, Any] | None:
+def grid(
+    e: Tensor, axes: tuple[Axis, ...], blocks: dict[str, int], params: dict, cap: int = 64
+) -> dict[str, Any] | None:
     """Max error over slices of the two widest axes on different dimensions (for a heatmap)."""
     cand = [(ax, -(-e.shape[ax.dim] // block_size(ax, blocks, params))) for ax in axes if ax.dim < e.dim()]
     cand = [(ax, n) for ax, n in cand if n > 1]

@@ -145,8 +145,14 @@ def judge_expectation(exp: Expectation, cell: dict) -> tuple[bool, list[str], st
     return not problems, problems, "; ".join(shown[:3])
 
 
-def run_zoo(kernels: list[str], device: str, report_dir: str, timeout: float, only: list[str] | None = None,
-            progress: bool = True) -> int:
+def run_zoo(
+    kernels: list[str],
+    device: str,
+    report_dir: str,
+    timeout: float,
+    only: list[str] | None = None,
+    progress: bool = True,
+) -> int:
     from . import runner
     from .provenance import device_class, run_provenance
     from .report import atomic_write
@@ -156,8 +162,11 @@ def run_zoo(kernels: list[str], device: str, report_dir: str, timeout: float, on
     if only:
         unknown = set(only) - {m.id for m in zoo}
         if unknown:
-            print(f"harness mutants: error: unknown mutant(s) {', '.join(sorted(unknown))}; known: "
-                  f"{', '.join(m.id for m in registry.mutants())}", file=sys.stderr)
+            print(
+                f"harness mutants: error: unknown mutant(s) {', '.join(sorted(unknown))}; known: "
+                f"{', '.join(m.id for m in registry.mutants())}",
+                file=sys.stderr,
+            )
             return 2
     rows: list[dict[str, Any]] = []
     tasks, index = [], []
@@ -170,8 +179,9 @@ def run_zoo(kernels: list[str], device: str, report_dir: str, timeout: float, on
         for j, exp in enumerate(m.expect):
             for backend in (f"mutant:{m.id}", m.backend):  # the mutant, and its unmutated control
                 try:
-                    p = runner.plan([m.operator], "smoke", [backend], [exp.dtype], device, repeats=1,
-                                   cases={m.operator: [exp.case]})
+                    p = runner.plan(
+                        [m.operator], "smoke", [backend], [exp.dtype], device, repeats=1, cases={m.operator: [exp.case]}
+                    )
                 except (KeyError, ValueError, MutantError) as e:
                     rows.append({"mutant": m.id, "status": "ERROR", "detail": str(e), "m": m})
                     plan_ok = False
@@ -204,15 +214,30 @@ def run_zoo(kernels: list[str], device: str, report_dir: str, timeout: float, on
             if control is not None and not control_ok:
                 problems.append(f"control (unmutated {m.backend}) is {control['status']} on this case")
                 caught = False
-            checks.append({"case": exp.case.name, "dtype": exp.dtype, "caught": caught and control_ok,
-                           "problems": problems, "shown": shown, "status": cell["status"],
-                           "failing": [r["name"] for r in cell.get("components", []) if r["verdict"] != "PASS"]})
+            checks.append(
+                {
+                    "case": exp.case.name,
+                    "dtype": exp.dtype,
+                    "caught": caught and control_ok,
+                    "problems": problems,
+                    "shown": shown,
+                    "status": cell["status"],
+                    "failing": [r["name"] for r in cell.get("components", []) if r["verdict"] != "PASS"],
+                }
+            )
         if not checks:
             rows.append({"mutant": m.id, "status": "SKIP", "detail": "; ".join(sorted(set(skipped))), "m": m})
         else:
             ok = all(c["caught"] for c in checks)
-            rows.append({"mutant": m.id, "status": "CAUGHT" if ok else "MISSED", "checks": checks, "m": m,
-                         "detail": "; ".join(p for c in checks for p in c["problems"])})
+            rows.append(
+                {
+                    "mutant": m.id,
+                    "status": "CAUGHT" if ok else "MISSED",
+                    "checks": checks,
+                    "m": m,
+                    "detail": "; ".join(p for c in checks for p in c["problems"]),
+                }
+            )
     ran = [r for r in rows if r["status"] in ("CAUGHT", "MISSED", "ERROR")]
     caught = [r for r in rows if r["status"] == "CAUGHT"]
     score = len(caught) / len(ran) if ran else 1.0
@@ -222,26 +247,54 @@ def run_zoo(kernels: list[str], device: str, report_dir: str, timeout: float, on
         exp = "; ".join(filter(None, [", ".join(e.fail) or (e.status or "") for e in m.expect]))[:34]
         where = "; ".join(c["shown"] for c in r.get("checks", []) if c["shown"]) or r.get("detail", "")
         lines.append(f"{m.id:<26} {m.operator + '/' + m.backend:<22} {exp:<34} {r['status']:<7} {where[:120]}")
-    lines.append(f"mutation score: {len(caught)}/{len(ran)} caught ({score:.0%}); "
-                 f"{sum(r['status'] == 'SKIP' for r in rows)} skipped (backend cannot run here); {time.time() - t0:.0f} s")
+    lines.append(
+        f"mutation score: {len(caught)}/{len(ran)} caught ({score:.0%}); "
+        f"{sum(r['status'] == 'SKIP' for r in rows)} skipped (backend cannot run here); {time.time() - t0:.0f} s"
+    )
     print("\n".join(lines))
     prov = run_provenance(device)
     out = Path(report_dir) / device_class(device)
-    md = ["# Bug zoo", "", f"Commit `{prov['commit']}`, {prov['date']}, {prov['device']}.", "",
-          f"**Mutation score: {len(caught)}/{len(ran)} caught ({score:.0%})**; skipped here: "
-          f"{sum(r['status'] == 'SKIP' for r in rows)}.", "",
-          "| mutant | seed | operator / backend | planted defect | case | expected | result | shown |",
-          "|---|---|---|---|---|---|---|---|"]
+    md = [
+        "# Bug zoo",
+        "",
+        f"Commit `{prov['commit']}`, {prov['date']}, {prov['device']}.",
+        "",
+        f"**Mutation score: {len(caught)}/{len(ran)} caught ({score:.0%})**; skipped here: "
+        f"{sum(r['status'] == 'SKIP' for r in rows)}.",
+        "",
+        "| mutant | seed | operator / backend | planted defect | case | expected | result | shown |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         m = r["m"]
         for c in r.get("checks", [{"case": "—", "shown": r.get("detail", "")}]):
             exp = next((e for e in m.expect if e.case.name == c["case"]), None)
-            expected = (", ".join(exp.fail) + (f" {exp.status}" if exp.status else "")
-                        + (f" contracts {','.join(exp.contracts)}" if exp.contracts else "")) if exp else ""
-            md.append(f"| {m.id} | {m.seed} | {m.operator}/{m.backend} | {m.description} | {c['case']} | {expected} | "
-                      f"{r['status']} | {c.get('shown') or '; '.join(c.get('problems', [])) or r.get('detail', '')} |")
+            expected = (
+                (
+                    ", ".join(exp.fail)
+                    + (f" {exp.status}" if exp.status else "")
+                    + (f" contracts {','.join(exp.contracts)}" if exp.contracts else "")
+                )
+                if exp
+                else ""
+            )
+            md.append(
+                f"| {m.id} | {m.seed} | {m.operator}/{m.backend} | {m.description} | {c['case']} | {expected} | "
+                f"{r['status']} | {c.get('shown') or '; '.join(c.get('problems', [])) or r.get('detail', '')} |"
+            )
     atomic_write(out / "mutants.md", "\n".join(md) + "\n")
-    atomic_write(out / "mutants.json", json.dumps({"provenance": prov, "score": score, "caught": len(caught),
-                                                    "ran": len(ran), "rows": [{k: v for k, v in r.items() if k != "m"}
-                                                                              for r in rows]}, indent=1, default=str))
+    atomic_write(
+        out / "mutants.json",
+        json.dumps(
+            {
+                "provenance": prov,
+                "score": score,
+                "caught": len(caught),
+                "ran": len(ran),
+                "rows": [{k: v for k, v in r.items() if k != "m"} for r in rows],
+            },
+            indent=1,
+            default=str,
+        ),
+    )
     return 0 if len(caught) == len(ran) else 1

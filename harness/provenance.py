@@ -32,10 +32,16 @@ def file_record(path: str) -> dict[str, str] | None:
 @functools.lru_cache(maxsize=1)
 def git_commit() -> str:
     try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return (head or "unknown") + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -54,6 +60,7 @@ def versions() -> dict[str, str]:
 def device_name(device: str) -> str:
     if device.startswith("cuda"):
         import torch
+
         if torch.cuda.is_available():
             return torch.cuda.get_device_name(torch.device(device))
         return "cuda (unavailable)"
@@ -73,9 +80,15 @@ def device_class(device: str) -> str:
 
 def run_provenance(device: str) -> dict[str, Any]:
     from datetime import datetime, timezone
-    return {"commit": git_commit(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "device": device_name(device), "device_class": device_class(device), "versions": versions(),
-            "interpreted": device == "cpu" and True or interpreted()}
+
+    return {
+        "commit": git_commit(),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "device": device_name(device),
+        "device_class": device_class(device),
+        "versions": versions(),
+        "interpreted": device == "cpu" and True or interpreted(),
+    }
 
 
 def backend_provenance(files: list[str]) -> list[dict[str, str]]:

@@ -37,10 +37,22 @@ def _register_hypothesis_profiles() -> None:
     except ImportError:  # pragma: no cover
         return
     # CI: derandomized (replayable), bounded; on demand: --hypothesis-profile=random
-    settings.register_profile("ci", derandomize=True, max_examples=20, deadline=None, print_blob=True,
-                              suppress_health_check=[HealthCheck.too_slow])
-    settings.register_profile("random", derandomize=False, max_examples=100, deadline=None, print_blob=True,
-                              suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile(
+        "ci",
+        derandomize=True,
+        max_examples=20,
+        deadline=None,
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    settings.register_profile(
+        "random",
+        derandomize=False,
+        max_examples=100,
+        deadline=None,
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     settings.load_profile(os.environ.get("HARNESS_HYPOTHESIS_PROFILE", "ci"))
 
 
@@ -54,6 +66,7 @@ def _device(config: pytest.Config) -> str:
     if d:
         return d
     import torch
+
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -63,6 +76,7 @@ def _gpu_for_xdist_worker() -> int | None:
     if not wid.startswith("gw"):
         return None
     import torch
+
     n = torch.cuda.device_count()
     return int(wid[2:]) % n if n else None
 
@@ -74,8 +88,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     for p in cfg.getoption("--harness-plugin"):
         registry.load_plugin(p)
     backends = as_list(cfg.getoption("--backend")) or None
-    plan = runner.plan(as_list(cfg.getoption("--kernel")), cfg.getoption("--sizes"), backends,
-                       as_list(cfg.getoption("--harness-dtype")) or None, _device(cfg))
+    plan = runner.plan(
+        as_list(cfg.getoption("--kernel")),
+        cfg.getoption("--sizes"),
+        backends,
+        as_list(cfg.getoption("--harness-dtype")) or None,
+        _device(cfg),
+    )
     params, ids = [], []
     for t in plan.tasks:
         b = registry.get_backend(t.operator, t.backend)
@@ -90,8 +109,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture(scope="session")
 def harness_executor(request: pytest.FixtureRequest):
     cfg = request.config
-    ex = runner.CellExecutor(_device(cfg), registry.plugins_loaded(), cfg.getoption("--harness-timeout"),
-                             gpu=_gpu_for_xdist_worker())
+    ex = runner.CellExecutor(
+        _device(cfg), registry.plugins_loaded(), cfg.getoption("--harness-timeout"), gpu=_gpu_for_xdist_worker()
+    )
     yield ex
     ex.close()
     w = _STATE.get("writer")
@@ -108,36 +128,45 @@ def _writer(cfg: pytest.Config, device: str):
 
         from .provenance import device_class, run_provenance
         from .report import ReportWriter
+
         header = {**run_provenance(device), "run_id": uuid.uuid4().hex[:10], "command": "pytest (harness plugin)"}
         _STATE["writer"] = ReportWriter(root, device_class(device), header)
     return _STATE["writer"]
 
 
 def format_failure(cell: dict) -> str:
-    lines = [f"{cell['operator']} / {cell['backend']} / {cell['dtype']} / {cell['case']['name']}: {cell['status']}",
-             f"case params: {cell['case']['params']}"]
+    lines = [
+        f"{cell['operator']} / {cell['backend']} / {cell['dtype']} / {cell['case']['name']}: {cell['status']}",
+        f"case params: {cell['case']['params']}",
+    ]
     if cell.get("error"):
         lines.append(cell["error"])
         if cell.get("traceback"):
             lines.append(cell["traceback"])
     if cell.get("components"):
-        lines.append(f"{'component':<14} {'verdict':<7} {'max err':>10} {'floor max':>10} {'ratio max':>9} "
-                     f"{'ratio rms':>9} {'cos':>7}  where / why")
+        lines.append(
+            f"{'component':<14} {'verdict':<7} {'max err':>10} {'floor max':>10} {'ratio max':>9} "
+            f"{'ratio rms':>9} {'cos':>7}  where / why"
+        )
         for r in cell["components"]:
             where = ""
             if r["verdict"] != "PASS":
                 where = (r.get("localization", {}).get("text") or "") + (f" [{r['reason']}]" if r["reason"] else "")
                 if r.get("hint"):
                     where += f" hint: {r['hint']}"
-            lines.append(f"{r['name']:<14} {r['verdict']:<7} {r['max_err']:>10.3g} {r['ref_max']:>10.3g} "
-                         f"{float(r['ratio_max']):>9.3g} {float(r['ratio_rms']):>9.3g} {float(r['cosine']):>7.4f}  {where}")
+            lines.append(
+                f"{r['name']:<14} {r['verdict']:<7} {r['max_err']:>10.3g} {r['ref_max']:>10.3g} "
+                f"{float(r['ratio_max']):>9.3g} {float(r['ratio_rms']):>9.3g} {float(r['cosine']):>7.4f}  {where}"
+            )
     for k in cell.get("contracts", []):
         if not k["ok"]:
             lines.append(f"contract {k['name']} violated: {k['detail']}")
     return "\n".join(lines)
 
 
-def test_conformance(harness_cell: runner.Task, harness_executor: runner.CellExecutor, request: pytest.FixtureRequest) -> None:
+def test_conformance(
+    harness_cell: runner.Task, harness_executor: runner.CellExecutor, request: pytest.FixtureRequest
+) -> None:
     """One conformance cell; fails with the component table and localization."""
     t = harness_cell
     if t.skip:

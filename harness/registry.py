@@ -92,6 +92,7 @@ class Backend:
                 return f"package {pkg!r} is not installed (pip install {pkg})"
         if dev == "cuda":
             import torch
+
             if not torch.cuda.is_available():
                 return "no CUDA device on this machine"
         return None
@@ -146,6 +147,7 @@ def register_backend(backend: Backend | None = None, /, **kwargs: Any) -> Any:
         def my_xent(logits, targets, *, ignore_index, reduction, label_smoothing, z_loss):
             return {"loss": my_kernel(logits, targets, ...)}
     """
+
     def add(b: Backend) -> Backend:
         if b.package is None and callable(b.impl):
             b.package = b.impl.__module__
@@ -210,6 +212,7 @@ def discover() -> None:
     _import_tree("backends")
     try:
         from importlib.metadata import entry_points
+
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             try:
                 obj = ep.load()
@@ -261,8 +264,10 @@ def operators() -> dict[str, OperatorSpec]:
 def get_operator(name: str) -> OperatorSpec:
     discover()
     if name not in _OPERATORS:
-        raise KeyError(f"unknown operator {name!r}; operators: {', '.join(sorted(_OPERATORS))}; "
-                       f"families: {', '.join(sorted(_ALIASES))}")
+        raise KeyError(
+            f"unknown operator {name!r}; operators: {', '.join(sorted(_OPERATORS))}; "
+            f"families: {', '.join(sorted(_ALIASES))}"
+        )
     return _OPERATORS[name]
 
 
@@ -278,8 +283,10 @@ def resolve_kernels(names: list[str]) -> list[str]:
         elif n in _ALIASES:
             cand = _ALIASES[n]
         else:
-            raise KeyError(f"--kernel {n!r} is not an operator or family; operators: "
-                           f"{', '.join(sorted(_OPERATORS))}; families: {', '.join(sorted(_ALIASES))}; or 'all'")
+            raise KeyError(
+                f"--kernel {n!r} is not an operator or family; operators: "
+                f"{', '.join(sorted(_OPERATORS))}; families: {', '.join(sorted(_ALIASES))}; or 'all'"
+            )
         out += [c for c in cand if c not in out]
     return out
 
@@ -298,9 +305,9 @@ def get_backend(operator: str, name: str) -> Backend:
         return table[name]
     if name.startswith("mutant:"):
         from .mutants import mutant_backend
+
         return mutant_backend(name.split(":", 1)[1])
-    raise KeyError(f"operator {operator!r} has no backend {name!r}; backends: "
-                   f"{', '.join(sorted(table)) or '(none)'}")
+    raise KeyError(f"operator {operator!r} has no backend {name!r}; backends: {', '.join(sorted(table)) or '(none)'}")
 
 
 def capture_registrations() -> _Capture:

@@ -28,8 +28,13 @@ def atomic_write(path: Path, text: str) -> None:
 
 def cell_key(c: dict) -> tuple:
     case = c["case"]
-    return (c["backend"], c["dtype"], case["name"], json.dumps(case["params"], sort_keys=True),
-            case.get("microbatches", 0))
+    return (
+        c["backend"],
+        c["dtype"],
+        case["name"],
+        json.dumps(case["params"], sort_keys=True),
+        case.get("microbatches", 0),
+    )
 
 
 class ReportWriter:
@@ -108,34 +113,51 @@ def render_markdown(op: str, cells: list[dict], runs: dict[str, dict]) -> str:
     lines = [f"# `{op}` conformance — {latest.get('device', '?')}", ""]
     if latest:
         v = latest.get("versions", {})
-        lines += [f"Commit `{latest.get('commit')}`, {latest.get('date')}, device class `{latest.get('device_class')}`"
-                  f"{', Triton interpreted (TRITON_INTERPRET=1)' if latest.get('interpreted') else ''}; "
-                  + ", ".join(f"{k} {val}" for k, val in v.items()) + ".", ""]
+        lines += [
+            f"Commit `{latest.get('commit')}`, {latest.get('date')}, device class `{latest.get('device_class')}`"
+            f"{', Triton interpreted (TRITON_INTERPRET=1)' if latest.get('interpreted') else ''}; "
+            + ", ".join(f"{k} {val}" for k, val in v.items())
+            + ".",
+            "",
+        ]
         if latest.get("command"):
             lines += [f"Command: `{latest['command']}`", ""]
-    lines += ["## Summary", "", "| backend | dtype | " + " | ".join(s.lower() for s in STATUSES) + " |",
-              "|---|---|" + "---|" * len(STATUSES)]
+    lines += [
+        "## Summary",
+        "",
+        "| backend | dtype | " + " | ".join(s.lower() for s in STATUSES) + " |",
+        "|---|---|" + "---|" * len(STATUSES),
+    ]
     for (b, dt), row in summary(cells).items():
         lines.append(f"| {b} | {dt} | " + " | ".join(str(row[s]) if row[s] else "" for s in STATUSES) + " |")
     bad = [c for c in cells if c["status"] not in ("PASS", "SKIP")]
-    lines += ["", "How to read: a component passes when max(e) <= 3·max|floor−oracle| + 2u and "
-              "rms(e) <= 2·rms(floor−oracle) + ½·eps·rms(oracle) (e = |backend−oracle| − extra_bound; "
-              "u = eps(dtype)·max|oracle|). `ratio` columns are error over bound: above 1 fails. "
-              "Recorded change: the rms criterion applies to components of >= 16 elements only (an rms of "
-              "a few values is one sample of the floor's luck; see harness/verdict.py).", ""]
+    lines += [
+        "",
+        "How to read: a component passes when max(e) <= 3·max|floor−oracle| + 2u and "
+        "rms(e) <= 2·rms(floor−oracle) + ½·eps·rms(oracle) (e = |backend−oracle| − extra_bound; "
+        "u = eps(dtype)·max|oracle|). `ratio` columns are error over bound: above 1 fails. "
+        "Recorded change: the rms criterion applies to components of >= 16 elements only (an rms of "
+        "a few values is one sample of the floor's luck; see harness/verdict.py).",
+        "",
+    ]
     if bad:
         lines += ["## Failures", ""]
         for c in bad:
-            lines.append(f"- **{c['backend']} / {c['dtype']} / {c['case']['name']}**: {shown_status(c)}"
-                         + (f" (declared: {c['expected_gap']})" if c.get("expected_gap") else "")
-                         + (f" — {c['error'].splitlines()[0][:300]}" if c.get("error") else ""))
+            lines.append(
+                f"- **{c['backend']} / {c['dtype']} / {c['case']['name']}**: {shown_status(c)}"
+                + (f" (declared: {c['expected_gap']})" if c.get("expected_gap") else "")
+                + (f" — {c['error'].splitlines()[0][:300]}" if c.get("error") else "")
+            )
             for r in c.get("components", []):
                 if r["verdict"] != "PASS":
                     where = r.get("localization", {}).get("text", "")
                     heat = r.get("localization", {}).get("heatmap")
-                    lines.append(f"  - `{r['name']}` {r['verdict']}: {r['reason']}"
-                                 + (f"; where: {where}" if where else "") + (f"; hint: {r['hint']}" if r.get("hint") else "")
-                                 + (f" ([heatmap]({heat}))" if heat else ""))
+                    lines.append(
+                        f"  - `{r['name']}` {r['verdict']}: {r['reason']}"
+                        + (f"; where: {where}" if where else "")
+                        + (f"; hint: {r['hint']}" if r.get("hint") else "")
+                        + (f" ([heatmap]({heat}))" if heat else "")
+                    )
             for k in c.get("contracts", []):
                 if not k["ok"]:
                     lines.append(f"  - contract `{k['name']}` violated: {k['detail']}")
@@ -150,10 +172,17 @@ def render_markdown(op: str, cells: list[dict], runs: dict[str, dict]) -> str:
     for name, group in by_case.items():
         case = group[0]["case"]
         mb = f", microbatches={case['microbatches']}" if case.get("microbatches") else ""
-        lines += [f"### {name}", "", f"`{_params(case['params'])}{mb}`"
-                  + (f" — {', '.join(case['tags'])}" if case.get("tags") else ""), ""]
-        lines += ["| backend | dtype | component | verdict | max err | mean err | floor max | ratio max | "
-                  "ratio rms | cos | zeros | non-finite | where |", "|---" * 13 + "|"]
+        lines += [
+            f"### {name}",
+            "",
+            f"`{_params(case['params'])}{mb}`" + (f" — {', '.join(case['tags'])}" if case.get("tags") else ""),
+            "",
+        ]
+        lines += [
+            "| backend | dtype | component | verdict | max err | mean err | floor max | ratio max | "
+            "ratio rms | cos | zeros | non-finite | where |",
+            "|---" * 13 + "|",
+        ]
         notes = []
         for c in sorted(group, key=lambda c: (c["backend"], c["dtype"])):
             if c["status"] in ("SKIP", "ERROR", "CRASH", "TIMEOUT"):
@@ -161,18 +190,24 @@ def render_markdown(op: str, cells: list[dict], runs: dict[str, dict]) -> str:
                 continue
             for r in c["components"]:
                 where = r.get("localization", {}).get("text", "") if r["verdict"] != "PASS" else ""
-                lines.append(f"| {c['backend']} | {c['dtype']} | {r['name']} | {r['verdict']} | {_fmt(r['max_err'])} | "
-                             f"{_fmt(r['mean_err'])} | {_fmt(r['ref_max'])} | {_fmt(r['ratio_max'])} | "
-                             f"{_fmt(r['ratio_rms'])} | {_fmt(r['cosine'])} | {_fmt(r['zero_frac'])} | "
-                             f"{r['nonfinite'] or ''} | {where or r.get('reason', '') if r['verdict'] != 'PASS' else ''} |")
-            extra = [f"{k['name']}: {'ok' if k['ok'] else 'VIOLATED'}{' (' + k['detail'] + ')' if k['detail'] else ''}"
-                     for k in c.get("contracts", [])]
+                lines.append(
+                    f"| {c['backend']} | {c['dtype']} | {r['name']} | {r['verdict']} | {_fmt(r['max_err'])} | "
+                    f"{_fmt(r['mean_err'])} | {_fmt(r['ref_max'])} | {_fmt(r['ratio_max'])} | "
+                    f"{_fmt(r['ratio_rms'])} | {_fmt(r['cosine'])} | {_fmt(r['zero_frac'])} | "
+                    f"{r['nonfinite'] or ''} | {where or r.get('reason', '') if r['verdict'] != 'PASS' else ''} |"
+                )
+            extra = [
+                f"{k['name']}: {'ok' if k['ok'] else 'VIOLATED'}{' (' + k['detail'] + ')' if k['detail'] else ''}"
+                for k in c.get("contracts", [])
+            ]
             if c.get("kink_marked") is not None:
                 extra.append(f"kink-marked elements: {c['kink_marked']}")
             if c.get("microbatch"):
                 mbd = c["microbatch"]["per_microbatch_mean_error"]
-                extra.append("a per-microbatch mean would give rel. rms error "
-                             + ", ".join(f"{k} {_fmt(v['rel_rms'])}" for k, v in mbd.items()))
+                extra.append(
+                    "a per-microbatch mean would give rel. rms error "
+                    + ", ".join(f"{k} {_fmt(v['rel_rms'])}" for k, v in mbd.items())
+                )
             notes.append(f"- {c['backend']}/{c['dtype']}: " + "; ".join(extra))
         lines += [""] + notes + [""]
     return "\n".join(lines) + "\n"
@@ -182,6 +217,7 @@ def heatmaps(dir_: Path, op: str, cells: list[dict]) -> dict[tuple, str]:
     """PNG heatmaps of failing components along two localization axes; {(cell key, component): path}."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -221,8 +257,12 @@ def render(dir_: Path, op: str) -> list[Path]:
                         r["localization"]["heatmap"] = path
     md, js = dir_ / f"{op}.md", dir_ / f"{op}.json"
     atomic_write(md, render_markdown(op, cells, runs))
-    payload = {"operator": op, "runs": runs, "summary": {f"{b}/{d}": v for (b, d), v in summary(cells).items()},
-               "cells": cells}
+    payload = {
+        "operator": op,
+        "runs": runs,
+        "summary": {f"{b}/{d}": v for (b, d), v in summary(cells).items()},
+        "cells": cells,
+    }
     atomic_write(js, json.dumps(payload, indent=1, default=str) + "\n")
     return [md, js]
 
@@ -238,16 +278,21 @@ def terminal_summary(results: list[dict]) -> str:
             out.append(f"  {b:<14} {dt:<9} {counts}")
     declared = [c for c in results if shown_status(c) == "XFAIL"]
     if declared:
-        out.append(f"  {len(declared)} cell(s) behind the floor as their backend declares "
-                   f"({'; '.join(sorted({c['backend'] + '/' + c['dtype'] + ': ' + c['expected_gap'] for c in declared}))})")
+        out.append(
+            f"  {len(declared)} cell(s) behind the floor as their backend declares "
+            f"({'; '.join(sorted({c['backend'] + '/' + c['dtype'] + ': ' + c['expected_gap'] for c in declared}))})"
+        )
     bad = [c for c in results if shown_status(c) not in ("PASS", "SKIP", "XFAIL")]
     for c in bad[:20]:
         comps = [r for r in c.get("components", []) if r["verdict"] != "PASS"]
-        what = "; ".join(f"{r['name']} {r['verdict']} ({r.get('localization', {}).get('text') or r['reason']})"
-                         for r in comps[:4])
+        what = "; ".join(
+            f"{r['name']} {r['verdict']} ({r.get('localization', {}).get('text') or r['reason']})" for r in comps[:4]
+        )
         what += "; ".join(f" contract {k['name']}: {k['detail']}" for k in c.get("contracts", []) if not k["ok"])
-        out.append(f"  ✗ {c['operator']}/{c['backend']}/{c['dtype']}/{c['case']['name']}: {c['status']} "
-                   f"{what or c.get('error', '')[:200]}")
+        out.append(
+            f"  ✗ {c['operator']}/{c['backend']}/{c['dtype']}/{c['case']['name']}: {c['status']} "
+            f"{what or c.get('error', '')[:200]}"
+        )
     if len(bad) > 20:
         out.append(f"  ... and {len(bad) - 20} more failing cells (see the reports)")
     return "\n".join(out)

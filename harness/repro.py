@@ -45,12 +45,21 @@ def save_bundle(cell: dict, root: str | Path, plugins: list[str]) -> Path:
     size = sum(t.numel() * t.element_size() for t in inputs.tensors.values() if isinstance(t, torch.Tensor))
     if size <= MAX_SAVED_BYTES:
         torch.save({k: v for k, v in inputs.tensors.items()}, d / "inputs.pt")
-    bundle = {"operator": op.name, "backend": cell["backend"], "dtype": cell["dtype"], "case": cell["case"],
-              "seed": cell.get("seed", 0), "device": cell.get("device"), "plugins": plugins,
-              "status": cell["status"], "failing": [r["name"] for r in cell.get("components", []) if r["verdict"] != "PASS"],
-              "inputs_sha256": _digest(inputs.tensors), "inputs_saved": size <= MAX_SAVED_BYTES,
-              "provenance": run_provenance(cell.get("device") or "cpu"),
-              "command": f"harness repro {d}"}
+    bundle = {
+        "operator": op.name,
+        "backend": cell["backend"],
+        "dtype": cell["dtype"],
+        "case": cell["case"],
+        "seed": cell.get("seed", 0),
+        "device": cell.get("device"),
+        "plugins": plugins,
+        "status": cell["status"],
+        "failing": [r["name"] for r in cell.get("components", []) if r["verdict"] != "PASS"],
+        "inputs_sha256": _digest(inputs.tensors),
+        "inputs_saved": size <= MAX_SAVED_BYTES,
+        "provenance": run_provenance(cell.get("device") or "cpu"),
+        "command": f"harness repro {d}",
+    }
     (d / "bundle.json").write_text(json.dumps(bundle, indent=1, default=str) + "\n")
     return d
 
@@ -68,14 +77,21 @@ def replay(path: str, device: str | None = None) -> int:
     case = Case.from_json(b["case"])
     regen = gen_inputs(registry.get_operator(b["operator"]), case, dtype_of(b["dtype"]), b["seed"], "cpu")
     if _digest(regen.tensors) != b["inputs_sha256"]:
-        print("warning: inputs regenerated from the seed differ from the saved ones (the generator changed); "
-              "replaying the regenerated inputs")
+        print(
+            "warning: inputs regenerated from the seed differ from the saved ones (the generator changed); "
+            "replaying the regenerated inputs"
+        )
     ex = runner.CellExecutor(dev, b.get("plugins", []))
     try:
-        p = runner.plan([b["operator"]], "smoke", [b["backend"]], [b["dtype"]], dev, b["seed"], cases={b["operator"]: [case]})
+        p = runner.plan(
+            [b["operator"]], "smoke", [b["backend"]], [b["dtype"]], dev, b["seed"], cases={b["operator"]: [case]}
+        )
         cell = ex.run(p.tasks[0])
     finally:
         ex.close()
-    print(format_failure(cell) if cell["status"] != "PASS" else f"{b['operator']}/{b['backend']}/{b['dtype']}/"
-          f"{case.name}: PASS now (was {b['status']})")
+    print(
+        format_failure(cell)
+        if cell["status"] != "PASS"
+        else f"{b['operator']}/{b['backend']}/{b['dtype']}/{case.name}: PASS now (was {b['status']})"
+    )
     return 0 if cell["status"] == "PASS" else 1

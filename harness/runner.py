@@ -34,8 +34,15 @@ class Task:
     skip_kind: str = ""  # "unavailable" (backend cannot run here) or "unsupported" (this cell only)
 
     def payload(self) -> dict[str, Any]:
-        return {"operator": self.operator, "backend": self.backend, "case": self.case.to_json(),
-                "dtype": self.dtype, "device": self.device, "seed": self.seed, "repeats": self.repeats}
+        return {
+            "operator": self.operator,
+            "backend": self.backend,
+            "case": self.case.to_json(),
+            "dtype": self.dtype,
+            "device": self.device,
+            "seed": self.seed,
+            "repeats": self.repeats,
+        }
 
 
 @dataclass
@@ -44,9 +51,17 @@ class Plan:
     explicit: list[str] = field(default_factory=list)  # backends the user named
 
 
-def plan(kernels: list[str], sizes: str, backends: list[str] | None, dtypes: list[str] | None, device: str,
-         seed: int = 0, repeats: int = 2, cases: dict[str, list[Case]] | None = None,
-         case_filter: str | None = None) -> Plan:
+def plan(
+    kernels: list[str],
+    sizes: str,
+    backends: list[str] | None,
+    dtypes: list[str] | None,
+    device: str,
+    seed: int = 0,
+    repeats: int = 2,
+    cases: dict[str, list[Case]] | None = None,
+    case_filter: str | None = None,
+) -> Plan:
     """Expand the request into tasks; unknown names raise KeyError/ValueError with the valid ones."""
     from .spec import dtype_name, dtype_of
 
@@ -62,8 +77,10 @@ def plan(kernels: list[str], sizes: str, backends: list[str] | None, dtypes: lis
             chosen += [registry.get_backend(op_name, n) for n in backends if n.startswith("mutant:")]
             missing = [n for n in backends if n not in known and not n.startswith("mutant:")]
             if missing and len(ops) == 1:
-                raise KeyError(f"--backend {','.join(missing)}: operator {op_name!r} has backends "
-                               f"{', '.join(sorted(known)) or '(none)'}")
+                raise KeyError(
+                    f"--backend {','.join(missing)}: operator {op_name!r} has backends "
+                    f"{', '.join(sorted(known)) or '(none)'}"
+                )
         else:
             chosen = all_b
         case_list = cases[op_name] if cases and op_name in cases else op.cases(sizes, dev)
@@ -104,8 +121,9 @@ class _Worker:
         self.slot, self.gpu = slot, gpu
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=worker_main, args=(child, worker_env(device, gpu), plugins, threads),
-                                daemon=True)
+        self.proc = ctx.Process(
+            target=worker_main, args=(child, worker_env(device, gpu), plugins, threads), daemon=True
+        )
         self.proc.start()
         child.close()
         self.ready = False
@@ -129,8 +147,14 @@ class _Worker:
             pass
 
 
-def run(p: Plan, plugins: list[str], on_cell: Callable[[dict], None], workers: int | None = None,
-        timeout: float = 300.0, startup_timeout: float = 600.0) -> list[dict]:
+def run(
+    p: Plan,
+    plugins: list[str],
+    on_cell: Callable[[dict], None],
+    workers: int | None = None,
+    timeout: float = 300.0,
+    startup_timeout: float = 600.0,
+) -> list[dict]:
     """Run the plan; calls ``on_cell`` for each finished cell (SKIP cells included)."""
     results: list[dict] = []
     for t in p.tasks:
@@ -150,6 +174,7 @@ def run(p: Plan, plugins: list[str], on_cell: Callable[[dict], None], workers: i
             gpus = [int(device.split(":")[1])]
         else:
             import torch
+
             n = torch.cuda.device_count()
             visible = [int(x) for x in ids.split(",")] if ids else list(range(n))
             gpus = list(visible[: workers or len(visible)])
@@ -209,13 +234,35 @@ def run(p: Plan, plugins: list[str], on_cell: Callable[[dict], None], workers: i
                     code = w.proc.exitcode if not w.proc.is_alive() else None
                     w.kill()
                     if t is not None:
-                        finish(w, error_cell(t.operator, t.backend, t.case, t.dtype, t.device, t.seed, "CRASH",
-                                             f"worker process died (exit code {code}) while running this cell"))
+                        finish(
+                            w,
+                            error_cell(
+                                t.operator,
+                                t.backend,
+                                t.case,
+                                t.dtype,
+                                t.device,
+                                t.seed,
+                                "CRASH",
+                                f"worker process died (exit code {code}) while running this cell",
+                            ),
+                        )
                     elif not w.ready:
                         # a worker that cannot even start: fail its group instead of looping forever
                         for t2 in w.group:
-                            finish(w, error_cell(t2.operator, t2.backend, t2.case, t2.dtype, t2.device, t2.seed,
-                                                 "ERROR", f"worker failed to start (exit code {code})"))
+                            finish(
+                                w,
+                                error_cell(
+                                    t2.operator,
+                                    t2.backend,
+                                    t2.case,
+                                    t2.dtype,
+                                    t2.device,
+                                    t2.seed,
+                                    "ERROR",
+                                    f"worker failed to start (exit code {code})",
+                                ),
+                            )
                         w.group = []
                     new = replace(w)
                     born[new.slot] = time.time()
@@ -228,8 +275,19 @@ def run(p: Plan, plugins: list[str], on_cell: Callable[[dict], None], workers: i
                         born[new.slot] = time.time()
             elif w.task is not None and now - w.started > timeout:
                 t = w.task
-                finish(w, error_cell(t.operator, t.backend, t.case, t.dtype, t.device, t.seed, "TIMEOUT",
-                                     f"no result after {timeout:.0f} s; worker killed and restarted"))
+                finish(
+                    w,
+                    error_cell(
+                        t.operator,
+                        t.backend,
+                        t.case,
+                        t.dtype,
+                        t.device,
+                        t.seed,
+                        "TIMEOUT",
+                        f"no result after {timeout:.0f} s; worker killed and restarted",
+                    ),
+                )
                 new = replace(w)
                 born[new.slot] = time.time()
             elif not w.ready and now - born[w.slot] > startup_timeout:
@@ -293,16 +351,32 @@ class CellExecutor:
         if not w.conn.poll(self.timeout):
             w.kill()
             self.w = None
-            return error_cell(t.operator, t.backend, t.case, t.dtype, t.device, t.seed, "TIMEOUT",
-                              f"no result after {self.timeout:.0f} s; worker killed")
+            return error_cell(
+                t.operator,
+                t.backend,
+                t.case,
+                t.dtype,
+                t.device,
+                t.seed,
+                "TIMEOUT",
+                f"no result after {self.timeout:.0f} s; worker killed",
+            )
         try:
             cell = w.conn.recv()
         except (EOFError, OSError):
             code = w.proc.exitcode
             w.kill()
             self.w = None
-            return error_cell(t.operator, t.backend, t.case, t.dtype, t.device, t.seed, "CRASH",
-                              f"worker process died (exit code {code}) while running this cell")
+            return error_cell(
+                t.operator,
+                t.backend,
+                t.case,
+                t.dtype,
+                t.device,
+                t.seed,
+                "CRASH",
+                f"worker process died (exit code {code}) while running this cell",
+            )
         if cell.get("status") == "CRASH":
             w.kill()
             self.w = None

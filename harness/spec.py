@@ -63,8 +63,7 @@ class Case:
     microbatches: int = 0
 
     def to_json(self) -> dict:
-        return {"name": self.name, "params": self.params, "tags": list(self.tags),
-                "microbatches": self.microbatches}
+        return {"name": self.name, "params": self.params, "tags": list(self.tags), "microbatches": self.microbatches}
 
     @staticmethod
     def from_json(d: dict) -> Case:
@@ -112,8 +111,9 @@ class OperatorSpec:
     aliases: tuple[str, ...] = ()
     # which input carries "the case dtype" (x, q, logits, hidden); reported in tables
     dtype_input: str = ""
-    dtypes: dict[str, tuple[str, ...]] = field(default_factory=lambda: {
-        "cpu": ("float32", "float16"), "cuda": ("float32", "bfloat16", "float16")})
+    dtypes: dict[str, tuple[str, ...]] = field(
+        default_factory=lambda: {"cpu": ("float32", "float16"), "cuda": ("float32", "bfloat16", "float16")}
+    )
     # contract dtype of each output, from the (rounded) inputs; gradients take their input's dtype
     output_dtypes: Callable[[dict[str, Tensor]], dict[str, torch.dtype]] | None = None
     # upstream gradients; default: randn in each graded output's dtype, layout from params["grad_layout"]
@@ -138,20 +138,28 @@ class OperatorSpec:
         for c in self.components:
             if c.name == name:
                 return c
-        raise KeyError(f"operator {self.name!r} has no component {name!r}; "
-                       f"components: {', '.join(c.name for c in self.components)}")
+        raise KeyError(
+            f"operator {self.name!r} has no component {name!r}; "
+            f"components: {', '.join(c.name for c in self.components)}"
+        )
 
     def cases(self, preset: str, device: str) -> list[Case]:
         if preset not in self.presets:
-            raise KeyError(f"operator {self.name!r} has no preset {preset!r}; "
-                           f"presets: {', '.join(self.presets)}")
+            raise KeyError(f"operator {self.name!r} has no preset {preset!r}; presets: {', '.join(self.presets)}")
         return self.presets[preset](device)
 
 
 def dtype_of(name: str) -> torch.dtype:
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-             "float64": torch.float64, "fp64": torch.float64}
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+        "float64": torch.float64,
+        "fp64": torch.float64,
+    }
     if name not in table:
         raise ValueError(f"dtype {name!r} is not one of float32/fp32, bfloat16/bf16, float16/fp16")
     return table[name]

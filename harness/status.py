@@ -16,20 +16,29 @@ def write_status(root: Path) -> Path:
             if not cells:
                 continue
             latest = max(runs.values(), key=lambda r: r.get("date", "")) if runs else {}
-            provenance.append(f"- `{d.name}`/{j.stem}: {latest.get('device', '?')}, {latest.get('date', '?')}, "
-                              f"commit `{latest.get('commit', '?')}`")
+            provenance.append(
+                f"- `{d.name}`/{j.stem}: {latest.get('device', '?')}, {latest.get('date', '?')}, "
+                f"commit `{latest.get('commit', '?')}`"
+            )
             for (b, dt), counts in summary(cells).items():
                 rows.append((j.stem, b, dt, d.name, counts))
-    lines = ["# Status", "", "Each cell: pass / declared gap (a dtype the backend declares behind the floor, e.g. "
-             "eager fp16) / fail (fail, shape, error, crash, timeout) / skip counts of conformance cells; the link "
-             "goes to the detailed report. Regenerate with `harness report`.", "",
-             "| operator | backend | dtype | device class | pass | declared gap | fail | skip |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Status",
+        "",
+        "Each cell: pass / declared gap (a dtype the backend declares behind the floor, e.g. "
+        "eager fp16) / fail (fail, shape, error, crash, timeout) / skip counts of conformance cells; the link "
+        "goes to the detailed report. Regenerate with `harness report`.",
+        "",
+        "| operator | backend | dtype | device class | pass | declared gap | fail | skip |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for op, b, dt, dc, c in sorted(rows):
         fail = sum(c[s] for s in ("FAIL", "SHAPE", "ERROR", "CRASH", "TIMEOUT"))
         mark = "✅" if fail == 0 and c["PASS"] else ("❌" if fail else ("⚠️" if c["XFAIL"] else "⏭"))
-        lines.append(f"| {op} | {b} | {dt} | [{dc}]({dc}/{op}.md) | {mark} {c['PASS']} | {c['XFAIL'] or ''} | "
-                     f"{fail or ''} | {c['SKIP'] or ''} |")
+        lines.append(
+            f"| {op} | {b} | {dt} | [{dc}]({dc}/{op}.md) | {mark} {c['PASS']} | {c['XFAIL'] or ''} | "
+            f"{fail or ''} | {c['SKIP'] or ''} |"
+        )
     lines += ["", "Provenance of the newest run per report:", ""] + provenance
     out = root / "STATUS.md"
     atomic_write(out, "\n".join(lines) + "\n")

@@ -24,8 +24,7 @@ def sample_cases(op_name: str, device: str, n: int, seed_: int = 0) -> list[Case
     got: list[Case] = []
 
     @seed(seed_)
-    @settings(max_examples=n, database=None, phases=[Phase.generate], suppress_health_check=_ALL_CHECKS,
-              deadline=None)
+    @settings(max_examples=n, database=None, phases=[Phase.generate], suppress_health_check=_ALL_CHECKS, deadline=None)
     @given(op.strategy(device))
     def collect(case: Case) -> None:
         got.append(case)
@@ -39,8 +38,9 @@ def sample_cases(op_name: str, device: str, n: int, seed_: int = 0) -> list[Case
     return out[:n]
 
 
-def shrink_failure(op_name: str, device: str, fails: Callable[[Case], bool], max_examples: int = 60,
-                   seed_: int = 0) -> Case | None:
+def shrink_failure(
+    op_name: str, device: str, fails: Callable[[Case], bool], max_examples: int = 60, seed_: int = 0
+) -> Case | None:
     """The smallest case hypothesis finds for which ``fails`` is true, or None."""
     op = registry.get_operator(op_name)
     if op.strategy is None:
@@ -48,8 +48,14 @@ def shrink_failure(op_name: str, device: str, fails: Callable[[Case], bool], max
     found: list[Case] = []
 
     @seed(seed_)
-    @settings(max_examples=max_examples, database=None, suppress_health_check=_ALL_CHECKS, deadline=None,
-              phases=[Phase.generate, Phase.shrink], report_multiple_bugs=False)
+    @settings(
+        max_examples=max_examples,
+        database=None,
+        suppress_health_check=_ALL_CHECKS,
+        deadline=None,
+        phases=[Phase.generate, Phase.shrink],
+        report_multiple_bugs=False,
+    )
     @given(op.strategy(device))
     def check(case: Case) -> None:
         if fails(case):

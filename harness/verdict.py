@@ -27,15 +27,14 @@ import torch
 
 Tensor = torch.Tensor
 
-EPS = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10, torch.float32: 2.0 ** -23,
-       torch.float64: 2.0 ** -52}
+EPS = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 2.0**-23, torch.float64: 2.0**-52}
 K_MAX = 3.0
 K_RMS = 2.0
 RMS_MIN_NUMEL = 16
 
 
 def eps_of(dtype: torch.dtype) -> float:
-    return EPS.get(dtype, 2.0 ** -23)
+    return EPS.get(dtype, 2.0**-23)
 
 
 @dataclass
@@ -52,12 +51,12 @@ class ComponentResult:
     ref_rms: float = 0.0
     tol_max: float = 0.0
     tol_rms: float = 0.0
-    ratio_max: float = 0.0   # max(e) / tol_max: > 1 fails
-    ratio_rms: float = 0.0   # rms(e) / tol_rms: > 1 fails
-    rel_rms: float = 0.0     # rms(k - o) / rms(o)
+    ratio_max: float = 0.0  # max(e) / tol_max: > 1 fails
+    ratio_rms: float = 0.0  # rms(e) / tol_rms: > 1 fails
+    rel_rms: float = 0.0  # rms(k - o) / rms(o)
     cosine: float = 1.0
-    zero_frac: float = 0.0   # fraction of k exactly 0 where o is not
-    nonfinite: int = 0       # non-finite entries of k
+    zero_frac: float = 0.0  # fraction of k exactly 0 where o is not
+    nonfinite: int = 0  # non-finite entries of k
     extra_bound_max: float = 0.0
     max_abs_oracle: float = 0.0
     numel: int = 0
@@ -84,19 +83,37 @@ def _rms(x: Tensor) -> Tensor:
 def check_shape(name: str, got: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> ComponentResult | None:
     """SHAPE (or FAIL for a missing gradient) before any view is applied; None when conforming."""
     if got is None:
-        return ComponentResult(name, "FAIL", reason="not computed: the backend returned no tensor (None)",
-                               hint="gradient never produced: the input is not connected to the outputs")
+        return ComponentResult(
+            name,
+            "FAIL",
+            reason="not computed: the backend returned no tensor (None)",
+            hint="gradient never produced: the input is not connected to the outputs",
+        )
     if not isinstance(got, Tensor):
-        return ComponentResult(name, "SHAPE", reason=f"expected a tensor {list(shape)} {dtype}, got {type(got).__name__}")
+        return ComponentResult(
+            name, "SHAPE", reason=f"expected a tensor {list(shape)} {dtype}, got {type(got).__name__}"
+        )
     if tuple(got.shape) != tuple(shape) or got.dtype != dtype:
-        return ComponentResult(name, "SHAPE", reason=f"expected {list(shape)} {str(dtype).replace('torch.', '')}, "
-                               f"got {list(got.shape)} {str(got.dtype).replace('torch.', '')}",
-                               dtype=str(got.dtype).replace("torch.", ""))
+        return ComponentResult(
+            name,
+            "SHAPE",
+            reason=f"expected {list(shape)} {str(dtype).replace('torch.', '')}, "
+            f"got {list(got.shape)} {str(got.dtype).replace('torch.', '')}",
+            dtype=str(got.dtype).replace("torch.", ""),
+        )
     return None
 
 
-def judge(name: str, k: Tensor, o: Tensor, r: Tensor | list[Tensor], dtype: torch.dtype,
-          extra_bound: Tensor | None = None, k_max: float = K_MAX, k_rms: float = K_RMS) -> tuple[ComponentResult, Tensor | None]:
+def judge(
+    name: str,
+    k: Tensor,
+    o: Tensor,
+    r: Tensor | list[Tensor],
+    dtype: torch.dtype,
+    extra_bound: Tensor | None = None,
+    k_max: float = K_MAX,
+    k_rms: float = K_RMS,
+) -> tuple[ComponentResult, Tensor | None]:
     """Apply the verdict; returns the row and the elementwise excess error e (None when not computed).
 
     ``r`` is the floor reference, or a list of floor-reference error samples |r_i - o_i| (the floor
@@ -105,7 +122,9 @@ def judge(name: str, k: Tensor, o: Tensor, r: Tensor | list[Tensor], dtype: torc
     """
     k = k.detach().to(torch.float64)
     o = o.detach().to(torch.float64)
-    samples = [x.detach().to(torch.float64) for x in r] if isinstance(r, list) else [(r.detach().to(torch.float64) - o).abs()]
+    samples = (
+        [x.detach().to(torch.float64) for x in r] if isinstance(r, list) else [(r.detach().to(torch.float64) - o).abs()]
+    )
     res = ComponentResult(name, "PASS", numel=o.numel(), dtype=str(dtype).replace("torch.", ""))
     if o.numel() == 0:
         return res, None
@@ -147,15 +166,21 @@ def judge(name: str, k: Tensor, o: Tensor, r: Tensor | list[Tensor], dtype: torc
     e_full[mismatch] = math.inf
     if mismatch.any():
         idx = mismatch.nonzero()[0].tolist()
-        res.verdict, res.reason = "FAIL", (f"non-finite at {int(mismatch.sum())} position(s) where the oracle "
-                                           f"is {'finite' if torch.isfinite(o[tuple(idx)]) else 'not'}; first at {idx}")
+        res.verdict, res.reason = (
+            "FAIL",
+            (
+                f"non-finite at {int(mismatch.sum())} position(s) where the oracle "
+                f"is {'finite' if torch.isfinite(o[tuple(idx)]) else 'not'}; first at {idx}"
+            ),
+        )
     elif nz.any() and bool((ko == 0).all()) and not _floor_all_zero(samples, fin, oo):
         res.verdict, res.reason = "FAIL", "all zeros while the oracle is not"
     elif res.ratio_max > 1 or res.ratio_rms > 1:
         which = [w for w, bad in (("max", res.ratio_max > 1), ("rms", res.ratio_rms > 1)) if bad]
         res.verdict = "FAIL"
-        res.reason = " and ".join(f"{w} error {res.ratio_max if w == 'max' else res.ratio_rms:.3g}x its bound"
-                                  for w in which)
+        res.reason = " and ".join(
+            f"{w} error {res.ratio_max if w == 'max' else res.ratio_rms:.3g}x its bound" for w in which
+        )
     return res, e_full
 
 

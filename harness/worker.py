@@ -39,11 +39,21 @@ def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threa
         try:
             op = registry.get_operator(task["operator"])
             backend = registry.get_backend(task["operator"], task["backend"])
-            cell: dict[str, Any] = safe_run_cell(op, backend, case, task["dtype"], task["device"],
-                                                 task.get("seed", 0), task.get("repeats", 2))
+            cell: dict[str, Any] = safe_run_cell(
+                op, backend, case, task["dtype"], task["device"], task.get("seed", 0), task.get("repeats", 2)
+            )
         except Exception as e:  # e.g. a mutant whose edit does not apply
-            cell = error_cell(task["operator"], task["backend"], case, task["dtype"], task["device"],
-                              task.get("seed", 0), "ERROR", f"{type(e).__name__}: {e}", traceback.format_exc(limit=8))
+            cell = error_cell(
+                task["operator"],
+                task["backend"],
+                case,
+                task["dtype"],
+                task["device"],
+                task.get("seed", 0),
+                "ERROR",
+                f"{type(e).__name__}: {e}",
+                traceback.format_exc(limit=8),
+            )
         conn.send(cell)
         if cell["status"] == "CRASH":
             # the CUDA context is unusable after a device fault: let the parent start a fresh worker

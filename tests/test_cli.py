@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def harness(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def cells(report: Path, op: str) -> list[dict]:
@@ -43,9 +44,24 @@ def test_unknown_names_are_usage_errors_listing_valid_ones():
 
 
 def test_wrong_adapter_fails_exactly_its_components(tmp_path: Path):
-    r = harness("run", "--kernel", "mhc", "--sizes", "smoke", "--backend", "wrong-grads,wrong-shape",
-                "--plugin", "tests/plugins/mhc_wrong.py", "--device", "cpu", "--dtype", "float32",
-                "--report", str(tmp_path), "--no-progress")
+    r = harness(
+        "run",
+        "--kernel",
+        "mhc",
+        "--sizes",
+        "smoke",
+        "--backend",
+        "wrong-grads,wrong-shape",
+        "--plugin",
+        "tests/plugins/mhc_wrong.py",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--report",
+        str(tmp_path),
+        "--no-progress",
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     all_cells = cells(tmp_path, "mhc_pre")
     wrong = [c for c in all_cells if c["backend"] == "wrong-grads"]
@@ -74,9 +90,28 @@ def test_wrong_adapter_fails_exactly_its_components(tmp_path: Path):
 
 def test_misbehaving_backends_become_cells_and_the_sweep_completes(tmp_path: Path):
     names = "golden,raises,nans,writes-input,sleeps,dies,unwritten,overruns,nondeterministic"
-    r = harness("run", "--kernel", "mhc", "--sizes", "smoke", "--case", "tiny", "--backend", names,
-                "--plugin", "tests/plugins/misbehaving.py", "--device", "cpu", "--dtype", "float32",
-                "--timeout", "20", "--report", str(tmp_path), "--no-progress")
+    r = harness(
+        "run",
+        "--kernel",
+        "mhc",
+        "--sizes",
+        "smoke",
+        "--case",
+        "tiny",
+        "--backend",
+        names,
+        "--plugin",
+        "tests/plugins/misbehaving.py",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--timeout",
+        "20",
+        "--report",
+        str(tmp_path),
+        "--no-progress",
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     by = {c["backend"]: c for c in cells(tmp_path, "mhc_pre")}
     assert set(by) == set(names.split(","))
@@ -89,7 +124,10 @@ def test_misbehaving_backends_become_cells_and_the_sweep_completes(tmp_path: Pat
     def contract(b: str, name: str) -> dict:
         return next(k for k in by[b]["contracts"] if k["name"] == name)
 
-    assert not contract("writes-input", "input-unchanged")["ok"] and "x" in contract("writes-input", "input-unchanged")["detail"]
+    assert (
+        not contract("writes-input", "input-unchanged")["ok"]
+        and "x" in contract("writes-input", "input-unchanged")["detail"]
+    )
     unwritten = {r["name"]: r for r in by["unwritten"]["components"]}
     assert "non-finite" in unwritten["dphi.res"]["reason"]
     assert not contract("overruns", "guard-bands")["ok"]
@@ -99,8 +137,19 @@ def test_misbehaving_backends_become_cells_and_the_sweep_completes(tmp_path: Pat
 
 @pytest.mark.slow
 def test_smoke_all_operators_writes_reports(tmp_path: Path):
-    r = harness("run", "--kernel", "all", "--sizes", "smoke", "--device", "cpu", "--report", str(tmp_path),
-                "--no-progress", timeout=900)
+    r = harness(
+        "run",
+        "--kernel",
+        "all",
+        "--sizes",
+        "smoke",
+        "--device",
+        "cpu",
+        "--report",
+        str(tmp_path),
+        "--no-progress",
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for op in ("mhc_pre", "lazy_attention", "softmax_xent", "fused_linear_xent"):
         assert (tmp_path / "cpu" / f"{op}.md").exists() and (tmp_path / "cpu" / f"{op}.json").exists()

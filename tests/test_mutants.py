@@ -22,8 +22,13 @@ def test_edit_applies_exactly_once(mutant: str):
 
 
 def test_zoo_catches_every_mutant_that_runs_here(tmp_path: Path):
-    r = subprocess.run([sys.executable, "-m", "harness", "mutants", "--device", "cpu", "--report", str(tmp_path),
-                        "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    r = subprocess.run(
+        [sys.executable, "-m", "harness", "mutants", "--device", "cpu", "--report", str(tmp_path), "--no-progress"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     out = json.loads((tmp_path / "cpu" / "mutants.json").read_text())
     missed = [(row["mutant"], row.get("detail")) for row in out["rows"] if row["status"] in ("MISSED", "ERROR")]
     assert not missed, r.stdout
@@ -34,7 +39,12 @@ def test_zoo_catches_every_mutant_that_runs_here(tmp_path: Path):
 def test_a_mutant_whose_edit_does_not_apply_is_an_error():
     from harness import Case, Expectation, Mutant
 
-    m = Mutant("broken-edit", "mhc_pre", "golden", (("mhc_pre.py", "this text is not in the file", "x"),),
-               (Expectation(Case("c", {"B": 1, "S": 2, "n": 2, "D": 3})),))
+    m = Mutant(
+        "broken-edit",
+        "mhc_pre",
+        "golden",
+        (("mhc_pre.py", "this text is not in the file", "x"),),
+        (Expectation(Case("c", {"B": 1, "S": 2, "n": 2, "D": 3})),),
+    )
     problems = check_edits(m)
     assert problems and "occurs 0 times" in problems[0]

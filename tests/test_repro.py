@@ -12,10 +12,35 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_hypothesis_failure_is_shrunk_saved_and_replayed(tmp_path: Path):
-    r = subprocess.run([sys.executable, "-m", "harness", "run", "--kernel", "mhc", "--case", "no-such-case",
-                        "--hypothesis", "8", "--backend", "lastblock", "--plugin", "tests/plugins/mhc_lastblock.py",
-                        "--device", "cpu", "--dtype", "float32", "--report", str(tmp_path), "--no-progress"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            "--kernel",
+            "mhc",
+            "--case",
+            "no-such-case",
+            "--hypothesis",
+            "8",
+            "--backend",
+            "lastblock",
+            "--plugin",
+            "tests/plugins/mhc_lastblock.py",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--report",
+            str(tmp_path),
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     assert "shrunk" in r.stdout
     bundles = re.findall(r"repro: harness repro (\S+)", r.stdout)
@@ -25,7 +50,8 @@ def test_hypothesis_failure_is_shrunk_saved_and_replayed(tmp_path: Path):
     # minimal: just past one block of nD, and a single token
     assert 64 < p["n"] * p["D"] <= 128 and p["S"] == 1, p
     assert "dx" in b["failing"]
-    again = subprocess.run([sys.executable, "-m", "harness", "repro", bundles[0]], cwd=ROOT, capture_output=True,
-                           text=True, timeout=600)
+    again = subprocess.run(
+        [sys.executable, "-m", "harness", "repro", bundles[0]], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert again.returncode == 1, again.stdout + again.stderr
     assert "dx" in again.stdout and "FAIL" in again.stdout and "nD" in again.stdout

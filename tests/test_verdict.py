@@ -30,6 +30,7 @@ def _judge(name: str, k: torch.Tensor, ref: dict, dtype: torch.dtype):
 def _floor_value(ref: dict, name: str) -> torch.Tensor:
     comp = OP.component(name)
     from harness.cell import reference_run
+
     _, grads, _ = reference_run(OP, ref["inputs"], ref["grad_outputs"], torch.float32)
     return grads[comp.tensor_name]
 
@@ -57,8 +58,9 @@ def test_last_block_zeroed_fails_and_is_localized():
     assert res.verdict == "FAIL"
     comp = OP.component("dx")
     o = comp.select(ref["o_grad"]["x"], CASE.params)
-    loc = localize.localize(e, comp.select(k, CASE.params), o, comp.axes, res.tol_max, res.tol_rms,
-                            {"BLOCK_ND": 256}, CASE.params)
+    loc = localize.localize(
+        e, comp.select(k, CASE.params), o, comp.axes, res.tol_max, res.tol_rms, {"BLOCK_ND": 256}, CASE.params
+    )
     nd = next(a for a in loc["axes"] if a["axis"] == "nD")
     assert nd["bad"] == [1] and nd["zero"] == [1]
     assert localize.matches("last", nd["bad"], nd["slices"])
@@ -98,6 +100,7 @@ def test_other_summation_order_passes():
     assert res.verdict == "PASS", res
     # and the golden backend's own order (eager float32 formulas, not autograd) passes everywhere
     from backends.golden.mhc_pre import backward, forward
+
     outs, saved = forward(**ref["inputs"].tensors, **ref["inputs"].options)
     grads = backward(saved, ref["grad_outputs"])
     for comp in OP.components:
