@@ -174,7 +174,7 @@ def _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, o
             # true gradient is exactly zero (all of dq, dk and dbias when L = 1)
             ds = tl.where(offs_m[:, None] == 0, 0.0, ds)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
-        dps += tl.sum(dp, 1)
+        dps += tl.sum(dp, 1).to(tl.float64)
         if BIAS:
             # tile (m0, n0) covers distances m0 - n0 + [-BLOCK, BLOCK); consecutive key blocks shift by
             # BLOCK, so the chunk [m0-n0, m0-n0+BLOCK) is complete once this tile's lower part is added
@@ -227,7 +227,9 @@ def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
     tl.store(Delta + bh * L + offs_m, delta, mask=rows)
 
     dq = tl.zeros([BLOCK, DH], tl.float32)
-    dps = tl.zeros([BLOCK], tl.float32)
+    # dtau often cancels to much less than its terms: its row sums are carried in float64 (a
+    # BLOCK-vector per tile, next to nothing), which keeps it well inside the float32 floor's bound
+    dps = tl.zeros([BLOCK], tl.float64)
     carry = tl.zeros([BLOCK], tl.float32)
     dq, dps, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
                                delta, c, dq, dps, carry, part_row, m0, 0, bias_lo, L, W, qk_scale,
@@ -242,8 +244,8 @@ def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
 
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdql + offs_d[None, :] * sdqd,
              (dq * scale).to(DQ.dtype.element_ty), mask=rows[:, None])
-    inv = 1.0 / (offs_m + 1).to(tl.float32)
-    tl.store(part_row + W, tl.sum(tl.where(rows, dps * inv, 0.0), 0))
+    inv = 1.0 / (offs_m + 1).to(tl.float64)
+    tl.store(part_row + W, tl.sum(tl.where(rows, dps * inv, 0.0), 0).to(tl.float32))
 
 
 @triton.jit
@@ -323,9 +325,10 @@ def _lazy_bwd_reduce_kernel(Part, DBias, DTau, R, H, W, BLOCK_W: tl.constexpr):
     # dbias[h, :W] and dtau[h] (column W) = sum over the R = B * query-blocks partial rows of head h
     h = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
-    acc = tl.zeros([BLOCK_W], tl.float32)
+    acc = tl.zeros([BLOCK_W], tl.float64)
     for r in range(0, R):
-        acc += tl.load(Part + (r * H + h) * (W + 1) + cols, mask=cols <= W, other=0.0)
+        acc += tl.load(Part + (r * H + h) * (W + 1) + cols, mask=cols <= W, other=0.0).to(tl.float64)
+    acc = acc.to(tl.float32)
     dst_h = h  # the output slot of this head
     # outputs start at zero and each element receives exactly one add: deterministic
     tl.atomic_add(DBias + dst_h * W + cols, acc, mask=cols < W)
