@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# opt-in shared memory per block on sm_90 (H100/H200): 227 KB; a launch asking more fails
+MAX_SHARED = {90: 232448}
 
 
 def compile_target(target: dict, arch: int = 90) -> object:
@@ -38,6 +40,15 @@ def compile_target(target: dict, arch: int = 90) -> object:
     src = ASTSource(fn=fn, signature=dict(target["signature"]), attrs=attrs or None, **{key: consts})
     options = dict(target.get("options") or {})
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options or None)
+
+
+def resource_problem(kernel: object, arch: int = 90) -> str | None:
+    """Why a compiled kernel would fail to launch on ``arch`` (shared memory), or None."""
+    shared = getattr(getattr(kernel, "metadata", None), "shared", 0) or 0
+    limit = MAX_SHARED.get(arch)
+    if limit is not None and shared > limit:
+        return f"needs {shared} bytes of shared memory, sm_{arch} allows {limit} per block"
+    return None
 
 
 def discover_targets() -> list[tuple[str, dict]]:
@@ -61,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         t0 = time.perf_counter()
         try:
-            compile_target(target)
-            err = None
+            err = resource_problem(compile_target(target))
+            failed += err is not None
         except Exception as e:  # report every failing kernel, not only the first
             err = f"{type(e).__name__}: {e}"
             failed += 1

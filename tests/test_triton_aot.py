@@ -1,4 +1,5 @@
-"""Every Triton kernel of every backend compiles ahead of time for sm_90, with no GPU present.
+"""Every Triton kernel of every backend compiles ahead of time for sm_90, with no GPU present,
+and fits its shared memory (a launch would fail with OutOfResources otherwise).
 
 Targets come from ``backends/<impl>/<operator>/aot.py`` (see harness/triton_aot.py). A kernel that
 the GPU compiler rejects (dot shapes, layouts, shared memory, ptxas) fails here in CI. Compiling
@@ -19,7 +20,7 @@ import pytest
 pytest.importorskip("triton")
 
 from harness.registry import interpreted  # noqa: E402
-from harness.triton_aot import compile_target, discover_targets  # noqa: E402
+from harness.triton_aot import compile_target, discover_targets, resource_problem  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = discover_targets()
@@ -52,3 +53,5 @@ def test_compiles_for_sm90(idx: int, request: pytest.FixtureRequest) -> None:
         return
     kernel = compile_target(target)
     assert kernel.asm.get("cubin"), f"{package}:{target['name']}: no cubin produced"
+    problem = resource_problem(kernel)
+    assert problem is None, f"{package}:{target['name']}: {problem}"

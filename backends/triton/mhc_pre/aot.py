@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from . import kernels as K
 from .wrapper import GPU_CONFIG as C
+from .wrapper import gemm_launch, nd_stages
 
 _PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 _PARTS = {"bf16": 1, "fp16": 2, "fp32": 3}
+_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # pointers that carry x's dtype (h_in and its gradient share it); the others are bf16 parts or float32
 _DATA = {"x_ptr", "hin_ptr", "gin_ptr", "dx_ptr"}
 # bf16 parts of phi * gamma and of dh_mix
@@ -53,17 +55,18 @@ def _block_d(D: int, NP: int, bt: int, elems: int) -> int:
 
 def aot_targets() -> list[dict]:
     out = []
-    for dt, n in (("bf16", 4), ("fp16", 4), ("fp32", 4), ("bf16", 8)):
+    # fp32 at n = 8 stages the largest tiles (the shared-memory limit)
+    for dt, n in (("bf16", 4), ("fp16", 4), ("fp32", 4), ("bf16", 8), ("fp32", 8)):
         M = n * n + 2 * n
         MP = max(16, 1 << (M - 1).bit_length())
         tag = f"{dt}-n{n}"
         out.append(_target(f"fwd_gemm-{tag}", K._fwd_gemm_kernel, dt,
                            {"X_PARTS": _PARTS[dt], "MP": MP, "BLOCK_T": C["gemm_t"], "BLOCK_K": C["gemm_k"],
-                            "EMU": False}, C["gemm_warps"], C["gemm_stages"]))
+                            "EMU": False}, *gemm_launch(C, MP, _BYTES[dt])))
         out.append(_target(f"bwd_nd-{tag}", K._bwd_nd_kernel, dt,
                            {"X_PARTS": _PARTS[dt], "MM_ORDER": 2 if dt == "fp32" else 1, "MP": MP,
                             "BLOCK_T": C["BLOCK_T"], "BLOCK_ND": C["BLOCK_ND"], "EMU": False},
-                           C["nd_warps"], C["nd_stages"]))
+                           C["nd_warps"], nd_stages(C, MP, _BYTES[dt])))
     for dt, n in (("bf16", 4), ("fp32", 4), ("bf16", 8), ("bf16", 1)):
         M, NP = n * n + 2 * n, 1 << (n - 1).bit_length()
         MP = max(16, 1 << (M - 1).bit_length())

@@ -22,16 +22,33 @@ CPU_CONFIG = {
     "BLOCK_T": 16, "BLOCK_ND": 64, "nd_programs": 8, "nd_warps": 4, "nd_stages": 1,
     "red_nd": 64, "red_r": 16, "red_warps": 4, "wparts_block": 64,
 }
+# chosen on an H200 (T = 16384, n = 4, D = 4096, bf16) among the variants of scratch tuning runs
 GPU_CONFIG = {
-    "gemm_t": 128, "gemm_k": 64, "gemm_programs": 2, "gemm_warps": 8, "gemm_stages": 3,
+    "gemm_t": 64, "gemm_k": 64, "gemm_programs": 4, "gemm_warps": 4, "gemm_stages": 4,
     "mix_t": 16, "mix_elems": 8192, "mix_warps": 4,
     "tok_t": 16, "tok_elems": 8192, "tok_warps": 8,
-    "BLOCK_T": 32, "BLOCK_ND": 128, "nd_programs": 4, "nd_warps": 8, "nd_stages": 3,
+    "BLOCK_T": 32, "BLOCK_ND": 64, "nd_programs": 4, "nd_warps": 4, "nd_stages": 3,
     "red_nd": 128, "red_r": 256, "red_warps": 8, "wparts_block": 128,
 }
 CONFIG = dict(CPU_CONFIG if INTERPRET else GPU_CONFIG)
 
 _X_PARTS = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
+
+
+def stages(wanted: int, per_stage: int) -> int:
+    """Pipeline depth that keeps the staged tiles within ~180 KB of the 227 KB of shared memory."""
+    return max(1, min(wanted, 180_000 // per_stage))
+
+
+def gemm_launch(cfg: dict, MP: int, itemsize: int) -> tuple[int, int]:
+    """(num_warps, num_stages) of the forward GEMM: twice the warps for the [BLOCK_T, 128] accumulator
+    of n >= 7 (it spills at 4), fewer stages where the tiles would overflow shared memory."""
+    warps = cfg["gemm_warps"] * (2 if MP >= 128 else 1)
+    return warps, stages(cfg["gemm_stages"], (cfg["gemm_t"] * itemsize + 3 * MP * 2) * cfg["gemm_k"])
+
+
+def nd_stages(cfg: dict, MP: int, itemsize: int) -> int:
+    return stages(cfg["nd_stages"], (3 * MP * 2 + cfg["BLOCK_ND"] * itemsize) * cfg["BLOCK_T"])
 
 
 def _p2(v: int) -> int:
@@ -77,12 +94,13 @@ def mhc_pre_forward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: 
     ksplit = max(1, min(nk, triton.cdiv(_programs(dev, cfg["gemm_programs"]), ntb)))
     kchunk = triton.cdiv(nk, ksplit)
     ksplit = triton.cdiv(nk, kchunk)
+    warps, nst = gemm_launch(cfg, MP, x.element_size())
     part = torch.empty((ksplit, T, MP), **f32)
     ssq = torch.empty((ksplit, T), **f32)
     K._fwd_gemm_kernel[(ksplit, ntb)](
         x, wparts, part, ssq, T, S, n, D, nD, kchunk, *x.stride(),
         X_PARTS=_X_PARTS[x.dtype], MP=MP, BLOCK_T=bt, BLOCK_K=bk,
-        EMU=INTERPRET, num_warps=cfg["gemm_warps"], num_stages=cfg["gemm_stages"])
+        EMU=INTERPRET, num_warps=warps, num_stages=nst)
     h_in = torch.empty((B, S, D), dtype=x.dtype, device=dev)
     h_post = torch.empty((B, S, n), **f32)
     h_res = torch.empty((B, S, n, n), **f32)
@@ -130,7 +148,7 @@ def mhc_pre_backward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma:
         x, g_in, wparts, dh_mix, coef, h_pre, dx, pphi,
         T, S, n, D, nD, per_group, *x.stride(), *g_in.stride(),
         X_PARTS=_X_PARTS[x.dtype], MM_ORDER=2 if x.dtype == torch.float32 else 1, MP=MP, BLOCK_T=bt,
-        BLOCK_ND=bnd, EMU=INTERPRET, num_warps=cfg["nd_warps"], num_stages=cfg["nd_stages"])
+        BLOCK_ND=bnd, EMU=INTERPRET, num_warps=cfg["nd_warps"], num_stages=nd_stages(cfg, MP, x.element_size()))
 
     # zero-filled so that a result that is never written reads as zeros, not as stale memory
     dphi = torch.zeros((M, nD), **f32)
