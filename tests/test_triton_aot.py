@@ -42,7 +42,6 @@ def test_targets_discovered() -> None:
     assert any(pkg == "backends.triton.mhc_pre" for pkg, _ in TARGETS), "no AOT targets of backends/triton/mhc_pre"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("idx", range(len(TARGETS)), ids=IDS)
 def test_compiles_for_sm90(idx: int, request: pytest.FixtureRequest) -> None:
     package, target = TARGETS[idx]
