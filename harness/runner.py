@@ -177,7 +177,8 @@ def run(
 
             n = torch.cuda.device_count()
             visible = [int(x) for x in ids.split(",")] if ids else list(range(n))
-            gpus = list(visible[: workers or len(visible)])
+            # more workers than GPUs share them round-robin (compilation and oracles overlap)
+            gpus = [visible[i % len(visible)] for i in range(workers or len(visible))]
         threads = 4
     else:
         nw = workers or min(2, os.cpu_count() or 1)
@@ -186,7 +187,11 @@ def run(
     groups: dict[tuple, list[Task]] = {}
     for t in todo:
         groups.setdefault((t.operator, t.case.name, repr(sorted(t.case.params.items())), t.dtype), []).append(t)
-    queue = list(groups.values())
+    # interleave operators, so that a sweep cut short still has cells of every operator
+    by_op: dict[str, list[list[Task]]] = {}
+    for g in groups.values():
+        by_op.setdefault(g[0].operator, []).append(g)
+    queue = [g for i in range(max(map(len, by_op.values()))) for gs in by_op.values() if i < len(gs) for g in [gs[i]]]
     pool = [_Worker(i, device, g, plugins, threads) for i, g in enumerate(gpus)]
     for w in pool:
         w.group = []
