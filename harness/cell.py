@@ -197,9 +197,10 @@ def oracle_and_floor(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int
         "r_grad": err_grad,
         "extra": extra,
     }
+    # one entry: a worker runs all backends of a (case, dtype) group in a row, and a second entry of a
+    # large case held on the GPU starves the other workers sharing it (seen as OOM cells on an H200)
+    _ORACLE_CACHE.clear()
     _ORACLE_CACHE[key] = entry
-    while len(_ORACLE_CACHE) > 2:
-        _ORACLE_CACHE.popitem(last=False)
     return entry
 
 
@@ -552,15 +553,25 @@ def error_cell(
     }
 
 
+def _release(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
 def safe_run_cell(
     op: OperatorSpec, backend: Backend, case: Case, dtype: str, device: str, seed: int = 0, repeats: int = 2
 ) -> dict[str, Any]:
     """run_cell, with an exception in the backend turned into an ERROR cell."""
     try:
         return run_cell(op, backend, case, dtype, device, seed, repeats)
+    except torch.cuda.OutOfMemoryError as e:
+        _ORACLE_CACHE.clear()
+        return error_cell(op.name, backend.name, case, dtype, device, seed, "ERROR",
+                          f"OutOfMemoryError (harness or backend; other workers may share this GPU): {str(e)[:300]}")
     except Exception as e:  # the backend's failure is data, not a crash of the sweep
         msg = f"{type(e).__name__}: {e}"
         status = "CRASH" if _is_device_fault(msg) else "ERROR"
+        _release(device)
         return error_cell(
             op.name, backend.name, case, dtype, device, seed, status, msg[:2000], traceback.format_exc(limit=12)
         )

@@ -31,6 +31,9 @@ def file_record(path: str) -> dict[str, str] | None:
 
 @functools.lru_cache(maxsize=1)
 def git_commit() -> str:
+    """HEAD (+dirty); HARNESS_COMMIT names it where the tree travels without .git (a GPU machine)."""
+    if os.environ.get("HARNESS_COMMIT"):
+        return os.environ["HARNESS_COMMIT"]
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10

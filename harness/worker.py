@@ -55,6 +55,8 @@ def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threa
                 traceback.format_exc(limit=8),
             )
         conn.send(cell)
+        if task["device"].startswith("cuda"):
+            torch.cuda.empty_cache()  # cached blocks would starve other workers sharing this GPU
         if cell["status"] == "CRASH":
             # the CUDA context is unusable after a device fault: let the parent start a fresh worker
             conn.close()
