@@ -153,3 +153,16 @@ def test_smoke_all_operators_writes_reports(tmp_path: Path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for op in ("mhc_pre", "lazy_attention", "softmax_xent", "fused_linear_xent"):
         assert (tmp_path / "cpu" / f"{op}.md").exists() and (tmp_path / "cpu" / f"{op}.json").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="an illegal memory access needs a CUDA device")
+def test_illegal_memory_access_is_a_crash_cell_and_the_sweep_goes_on(tmp_path: Path):
+    r = harness("run", "--kernel", "mhc", "--sizes", "smoke", "--case", "tiny", "--backend", "illegal-access,golden",
+                "--plugin", "tests/plugins/gpu_faults.py", "--device", "cuda", "--dtype", "float32",
+                "--report", str(tmp_path / "r"), "--no-progress")
+    assert r.returncode == 1, r.stdout + r.stderr
+    data = json.loads(next((tmp_path / "r").glob("*/mhc_pre.json")).read_text())
+    by = {c["backend"]: c for c in data["cells"]}
+    assert by["illegal-access"]["status"] == "CRASH", by["illegal-access"]
+    assert by["golden"]["status"] == "PASS"
