@@ -26,20 +26,22 @@ def _nvcc() -> str | None:
 needs_nvcc = pytest.mark.skipif(_nvcc() is None, reason="nvcc is not installed here")
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
-# n = 1; the production shape; an odd D (no TMA: 600-byte rows) with n = 3 in float32; about 70 s
-# each on 2 cores (TileLang's lowering passes dominate), so the set is kept to three
+# n = 1; the production shape (TMA pipelines); an odd D (plain cp.async pipelines) with n = 3 in
+# float32. 18 kernels take about 170 s on 2 cores (TileLang's lowering passes dominate), so the set
+# is kept to three
 CONFIGS = [(1, 7, "bfloat16"), (4, 4096, "bfloat16"), (3, 100, "float32")]
 NAMES = ("prep", "fwd", "bwd_tok", "bwd_col", "fin_phi", "fin_small")
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-def test_every_n_has_a_tiling_and_traces(dtype: str) -> None:
-    # cheap: every n the spec allows gets a shared-memory plan and builds its prim_funcs
+def test_every_n_has_a_tiling_and_traces() -> None:
+    # cheap: every n the spec allows gets a shared-memory plan in every dtype and builds its prim_funcs
     for n in range(1, 9):
-        p = K.plan(n, 100, dtype)
-        assert K._col_smem(n, dtype, p.MF, p.BT2, p.BD, p.NC, p.col_stages, p.stage_dm) <= K.SMEM_BUDGET
-        assert p.NC >= n * p.BD and p.MF >= p.Mp >= n * n + 2 * n
-        assert set(K.kernel_funcs(n, 100, dtype)) == set(NAMES)
+        for dtype in ("bfloat16", "float16", "float32"):
+            p = K.plan(n, 100, dtype)
+            assert K._col_smem(n, dtype, p.MF, p.BT2, p.BD, p.NC, p.col_stages, p.stage_dm) <= K.SMEM_BUDGET
+            assert p.NC >= n * p.BD and p.MF >= p.Mp >= n * n + 2 * n
+        dtype = ("bfloat16", "float16", "float32")[n % 3]
+        assert set(K.kernel_funcs(n, 100 if n % 2 else 64, dtype)) == set(NAMES)
 
 
 @pytest.mark.slow

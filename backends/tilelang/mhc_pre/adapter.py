@@ -16,4 +16,6 @@ register_backend(Backend(
     description="TileLang: forward = per token tile, h_mix on bf16 tensor cores (operands split into "
                 "bf16 pieces: float32-accurate products) + sum of squares, coefficients, then h_in "
                 "(x read twice); backward = per-token scalars with dh_pre, then dx and dphi partials "
-                "per (D slice of all streams, token split), fixed-order reductions"))
+                "per (D slice of all streams, token split), fixed-order reductions; long tensor-core "
+                "reductions restart per tile (float32 adds across tiles); TMA pipelines only where "
+                "D % 64 == 0"))

@@ -7,7 +7,13 @@ multiple of 16) inside; padded rows of phi are zero, so padded columns of h_mix 
 Precision: the GEMMs run on tensor cores in bfloat16 with float32 accumulation, on operands split
 into bf16 pieces (v = hi + mid + lo, about 24 significant bits, as float32 has): phi (and phi*gamma)
 in 3 pieces, x in 1 (bf16 is exact), 2 (fp16) or 3 (fp32) pieces, dh_mix in 3. Every product of
-pieces whose orders add up to at most 2 is kept, so the result is as accurate as an fp32 FMA GEMM.
+pieces whose orders add up to at most 2 is kept. The tensor cores' float32 accumulation truncates,
+which over a long K drifts (measured on an H200: h_mix 3-8x the fp32 floor at nD = 16384), so the
+long reductions (forward over nD, dphi over tokens) restart from zero on every tile and are summed
+with round-to-nearest float32 adds.
+
+Pipelines: where D % 64 == 0 the tile copies may lower to TMA (TileLang then warp-specializes);
+elsewhere they are plain cp.async pipelines (use_tma).
 
 Kernels (all reductions over tokens write per-block partials summed in a fixed order: deterministic):
   prep      phi, gamma -> P = pieces(phi*gamma), Q = pieces(phi), each [3*Mp, nD] bf16
@@ -113,6 +119,19 @@ def _split3(v):
     return h, m, lo
 
 
+def _copy(src, dst, tma: bool):
+    """T.copy global -> shared; with tma=False never through TMA (plain cp.async pipelines, no
+    warp specialization). Returns the copy: a bare call statement in a prim_func emits it."""
+    if tma:
+        return T.copy(src, dst)
+    return T.copy(src, dst, annotations={"disable_tma": True})
+
+
+def use_tma(n: int, D: int, dtype: str) -> bool:
+    """TMA (and TileLang's warp-specialized pipelines) only where every tile is aligned to a D slice."""
+    return D % 64 == 0
+
+
 def _sigmoid(z):
     return 1.0 / (1.0 + T.exp(-z))
 
@@ -144,7 +163,8 @@ def prep_kernel(n: int, D: int):
     return mhc_prep
 
 
-def fwd_kernel(n: int, D: int, dtype: str, norm_eps: float, hc_eps: float, post_mult: float):
+def fwd_kernel(n: int, D: int, dtype: str, norm_eps: float, hc_eps: float, post_mult: float,
+               tma: bool = True):
     p = plan(n, D, dtype)
     nD, M, Mp = n * D, n * n + 2 * n, p.Mp
     BT, BK, BDC = p.BT, p.BK, p.BDC
@@ -162,13 +182,14 @@ def fwd_kernel(n: int, D: int, dtype: str, norm_eps: float, hc_eps: float, post_
             ps = T.alloc_shared((3 * Mp, BK), BF16)
             pieces = [xs] if NX == 1 else [T.alloc_shared((BT, BK), BF16) for _ in range(NX)]
             acc = T.alloc_fragment((BT, 3 * Mp), F32)
+            blk = T.alloc_fragment((BT, 3 * Mp), F32)
             sq = T.alloc_fragment((BT, BK), F32)
             T.clear(acc)
             T.clear(sq)
             # pass 1: h_mix (three column groups, one per piece of phi*gamma) and sum of squares
             for ko in T.Pipelined(T.ceildiv(nD, BK), num_stages=2):
-                T.copy(x[bx * BT, ko * BK], xs)
-                T.copy(P[0, ko * BK], ps)
+                _copy(x[bx * BT, ko * BK], xs, tma)
+                _copy(P[0, ko * BK], ps, tma)
                 for i, j in T.Parallel(BT, BK):
                     sq[i, j] += T.cast(xs[i, j], F32) * T.cast(xs[i, j], F32)
                 if NX > 1:
@@ -180,8 +201,13 @@ def fwd_kernel(n: int, D: int, dtype: str, norm_eps: float, hc_eps: float, post_
                         pieces[1][i, j] = T.cast(r, BF16)
                         if NX > 2:
                             pieces[2][i, j] = T.cast(r - T.cast(T.cast(r, BF16), F32), BF16)
-                for pc in pieces:
-                    T.gemm(pc, ps, acc, transpose_B=True)
+                # the tensor cores' float32 accumulation drifts over long K (measured: h_mix errors
+                # 3-8x the fp32 floor at nD = 16384): each K tile starts from zero and is added
+                # to the running sum with round-to-nearest float32 adds
+                for a, pc in enumerate(pieces):
+                    T.gemm(pc, ps, blk, transpose_B=True, clear_accum=(a == 0))
+                for i, j in T.Parallel(BT, 3 * Mp):
+                    acc[i, j] += blk[i, j]
             hm_s = T.alloc_shared((BT, 3 * Mp), F32)
             T.copy(acc, hm_s)
             sqr = T.alloc_fragment((BT,), F32)
@@ -215,7 +241,7 @@ def fwd_kernel(n: int, D: int, dtype: str, norm_eps: float, hc_eps: float, post_
             xk = [T.alloc_shared((BT, BDC), dtype) for _ in range(n)]
             for dc in T.Pipelined(T.ceildiv(D, BDC), num_stages=2):
                 for k in list(range(n)):
-                    T.copy(x[bx * BT, k * D + dc * BDC], xk[k])
+                    _copy(x[bx * BT, k * D + dc * BDC], xk[k], tma)
                 for i, j in T.Parallel(BT, BDC):
                     v = hp_s[i, 0] * T.cast(xk[0][i, j], F32)
                     for k in list(range(1, n)):
@@ -229,7 +255,7 @@ def fwd_kernel(n: int, D: int, dtype: str, norm_eps: float, hc_eps: float, post_
     return mhc_fwd
 
 
-def bwd_tok_kernel(n: int, D: int, dtype: str, hc_eps: float, post_mult: float):
+def bwd_tok_kernel(n: int, D: int, dtype: str, hc_eps: float, post_mult: float, tma: bool = True):
     p = plan(n, D, dtype)
     nD, M, Mp, MF = n * D, n * n + 2 * n, p.Mp, m_frag(n)
     BT1, BD1 = p.BT1, p.BD1
@@ -252,9 +278,9 @@ def bwd_tok_kernel(n: int, D: int, dtype: str, hc_eps: float, post_mult: float):
                 T.clear(a)
             # dh_pre[t, k] = sum_d g_in[t, d] * x[t, k, d]
             for dc in T.Pipelined(T.ceildiv(D, BD1), num_stages=2):
-                T.copy(g_in[bx * BT1, dc * BD1], gs)
+                _copy(g_in[bx * BT1, dc * BD1], gs, tma)
                 for k in list(range(n)):
-                    T.copy(x[bx * BT1, k * D + dc * BD1], xk[k])
+                    _copy(x[bx * BT1, k * D + dc * BD1], xk[k], tma)
                 for k in list(range(n)):
                     for i, j in T.Parallel(BT1, BD1):
                         # lanes past D hold the next stream's x: mask them (g_in is zero-filled there)
@@ -315,7 +341,7 @@ def bwd_tok_kernel(n: int, D: int, dtype: str, hc_eps: float, post_mult: float):
     return mhc_bwd_tok
 
 
-def bwd_col_kernel(n: int, D: int, dtype: str):
+def bwd_col_kernel(n: int, D: int, dtype: str, tma: bool = True):
     p = plan(n, D, dtype)
     nD, MF = n * D, p.MF
     BT2, BD, NC = p.BT2, p.BD, p.NC
@@ -347,6 +373,7 @@ def bwd_col_kernel(n: int, D: int, dtype: str):
             gam_s = T.alloc_shared((NC,), F32)
             dvec = T.alloc_fragment((BT2, NC), F32)
             raw = T.alloc_fragment((NC, MF), F32)
+            rblk = T.alloc_fragment((NC, MF), F32)
             d0 = bd * BD
             # this CTA's columns: c = k*BD + dd  <->  x[:, k, d0 + dd]; columns c >= n*BD are padding
             # (and lanes with d0 + dd >= D hold the next stream's data): none of them is stored
@@ -362,25 +389,33 @@ def bwd_col_kernel(n: int, D: int, dtype: str):
                 gam_s[c] = T.if_then_else(c < nBD, T.if_then_else(d0 + c % BD < D, gamma[T.min(col, nD - 1)],
                                                                   T.float32(0)), T.float32(0))
             T.clear(raw)
-            per = T.ceildiv(T.ceildiv(Tn, BT2), S)
+            per = T.ceildiv(Tn, BT2 * S)  # token tiles per split
             if p.stage_dm:
                 dm_s = T.alloc_shared((BT2, MF), F32)
             for it in T.Pipelined(per, num_stages=p.col_stages):
                 t0 = (bs * per + it) * BT2
-                if BD >= 32:
+                if BD >= 32 and NX == 1:
                     for k in list(range(n)):
-                        T.copy(x[t0, k * D + d0], xs[0:BT2, k * BD:(k + 1) * BD])
+                        _copy(x[t0, k * D + d0], xs[0:BT2, k * BD:(k + 1) * BD], tma)
+                elif BD >= 32:
+                    # a TMA box into a column block of the float32 tile has no valid layout (BD = 32)
+                    for k in list(range(n)):
+                        T.copy(x[t0, k * D + d0], xs[0:BT2, k * BD:(k + 1) * BD],
+                               annotations={"disable_tma": True})
                 else:
                     # a [BT2, 16] block of the swizzled tile has no valid copy layout: element-wise
                     for i, c in T.Parallel(BT2, NC):
                         xrow = T.min(t0 + i, Tn - 1)
                         xcol = T.min((c // BD) * D + d0 + c % BD, nD - 1)
                         xs[i, c] = T.if_then_else(t0 + i < Tn, x[xrow, xcol], T.cast(0, dtype))
-                T.copy(g_in[t0, d0], gs)
+                _copy(g_in[t0, d0], gs, tma)
                 if p.stage_dm:
-                    T.copy(dhm[t0, 0], dm_s)
-                T.copy(coef[t0], cf_s)
-                T.copy(h_pre[t0, 0], hp_s)
+                    # left TMA-eligible even with tma=False: TileLang's plain cp.async pipeline over
+                    # this dynamic-extent loop fails in CUDA codegen ("Downcast from tirx.Sub to
+                    # ir.IntImm") when no copy of the loop goes through TMA
+                    _copy(dhm[t0, 0], dm_s, True)
+                _copy(coef[t0], cf_s, tma)
+                _copy(h_pre[t0, 0], hp_s, tma)
                 for i, m in T.Parallel(BT2, MF):
                     if p.stage_dm:
                         v = dm_s[i, m]
@@ -407,8 +442,11 @@ def bwd_col_kernel(n: int, D: int, dtype: str):
                 T.clear(dvec)
                 for a, b in vec_pairs:
                     T.gemm(dmp[a], qs[b], dvec, transpose_B=True)
-                for a, b in raw_pairs:
-                    T.gemm(xp[a], dmq[b], raw, transpose_A=True, transpose_B=True)
+                # per-tile partial from zero, added in float32 (see the forward's h_mix)
+                for q, (a, b) in enumerate(raw_pairs):
+                    T.gemm(xp[a], dmq[b], rblk, transpose_A=True, transpose_B=True, clear_accum=(q == 0))
+                for c, m in T.Parallel(NC, MF):
+                    raw[c, m] += rblk[c, m]
                 for i, c in T.Parallel(BT2, NC):
                     k = c // BD
                     dd = c % BD
@@ -502,13 +540,14 @@ def fin_small_kernel(n: int):
 
 
 def kernel_funcs(n: int, D: int, dtype: str, norm_eps: float = 1e-6, hc_eps: float = 1e-6,
-                 post_mult: float = 2.0) -> dict:
+                 post_mult: float = 2.0, tma: bool | None = None) -> dict:
     """Every prim_func the backend launches for one (n, D, dtype), by name."""
+    tma = use_tma(n, D, dtype) if tma is None else tma
     return {
         "prep": prep_kernel(n, D),
-        "fwd": fwd_kernel(n, D, dtype, norm_eps, hc_eps, post_mult),
-        "bwd_tok": bwd_tok_kernel(n, D, dtype, hc_eps, post_mult),
-        "bwd_col": bwd_col_kernel(n, D, dtype),
+        "fwd": fwd_kernel(n, D, dtype, norm_eps, hc_eps, post_mult, tma),
+        "bwd_tok": bwd_tok_kernel(n, D, dtype, hc_eps, post_mult, tma),
+        "bwd_col": bwd_col_kernel(n, D, dtype, tma),
         "fin_phi": fin_phi_kernel(n, D),
         "fin_small": fin_small_kernel(n),
     }

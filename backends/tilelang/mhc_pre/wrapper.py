@@ -9,6 +9,7 @@ dtype and shape of their inputs; dx is contiguous. Compiled kernels are cached p
 from __future__ import annotations
 
 import math
+import os
 import threading
 from typing import Any
 
@@ -23,12 +24,19 @@ _LOCK = threading.Lock()
 _DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
+def _tma(n: int, D: int, dtype: str) -> bool:
+    # MHC_TL_TMA=0/1 overrides the rule of kernels.use_tma (to compare both pipelines on a GPU)
+    env = os.environ.get("MHC_TL_TMA", "")
+    return K.use_tma(n, D, dtype) if env == "" else env == "1"
+
+
 def _keys(n: int, D: int, dtype: str, norm_eps: float, hc_eps: float, post_mult: float) -> dict[str, tuple]:
+    tma = _tma(n, D, dtype)
     return {
         "prep": ("prep", n, D),
-        "fwd": ("fwd", n, D, dtype, norm_eps, hc_eps, post_mult),
-        "bwd_tok": ("bwd_tok", n, D, dtype, hc_eps, post_mult),
-        "bwd_col": ("bwd_col", n, D, dtype),
+        "fwd": ("fwd", n, D, dtype, norm_eps, hc_eps, post_mult, tma),
+        "bwd_tok": ("bwd_tok", n, D, dtype, hc_eps, post_mult, tma),
+        "bwd_col": ("bwd_col", n, D, dtype, tma),
         "fin_phi": ("fin_phi", n, D),
         "fin_small": ("fin_small", n),
     }
@@ -52,14 +60,21 @@ def compile_kernels(configs: list[tuple[int, int, str]], *, norm_eps: float = 1e
             if full in _CACHE or full in wanted:
                 continue
             if funcs is None:
-                funcs = K.kernel_funcs(n, D, dtype, norm_eps, hc_eps, post_mult)
+                funcs = K.kernel_funcs(n, D, dtype, norm_eps, hc_eps, post_mult, _tma(n, D, dtype))
             wanted[full] = funcs[name]
     if wanted:
         keys = list(wanted)
-        built = tilelang.par_compile([wanted[k] for k in keys], execution_backend=EXECUTION_BACKEND,
-                                     target=target, num_workers=workers)
+        if len(keys) == 1:
+            built = [tilelang.compile(wanted[keys[0]], execution_backend=EXECUTION_BACKEND, target=target)]
+        else:
+            # a failing kernel comes back as None (its error is logged); the others are kept
+            built = tilelang.par_compile([wanted[k] for k in keys], execution_backend=EXECUTION_BACKEND,
+                                         target=target, num_workers=workers, ignore_error=True)
         with _LOCK:
-            _CACHE.update(zip(keys, built, strict=True))
+            _CACHE.update((k, b) for k, b in zip(keys, built, strict=True) if b is not None)
+        failed = [k[:-1] for k, b in zip(keys, built, strict=True) if b is None]
+        if failed:
+            raise RuntimeError(f"TileLang failed to compile {failed} (see the log above)")
     out = {}
     for n, D, dtype in configs:
         for key in _keys(n, D, dtype, norm_eps, hc_eps, post_mult).values():
@@ -72,7 +87,21 @@ def _kernels(n: int, D: int, dtype: str, norm_eps: float, hc_eps: float, post_mu
     tkey = repr(None)
     if any(k + (tkey,) not in _CACHE for k in keys.values()):
         compile_kernels([(n, D, dtype)], norm_eps=norm_eps, hc_eps=hc_eps, post_mult=post_mult)
-    return {name: _CACHE[key + (tkey,)] for name, key in keys.items()}
+    ks = {name: _CACHE[key + (tkey,)] for name, key in keys.items()}
+    if os.environ.get("MHC_TL_SYNC", "") == "1":
+        ks = {name: _synced(name, k) for name, k in ks.items()}
+    return ks
+
+
+def _synced(name: str, kernel: Any) -> Any:
+    """Debugging (MHC_TL_SYNC=1): synchronize after each launch so a fault names its kernel."""
+    def run(*args: Any) -> None:
+        kernel(*args)
+        try:
+            torch.cuda.synchronize()
+        except Exception as e:
+            raise RuntimeError(f"mhc_pre tilelang kernel {name!r} faulted: {e}") from e
+    return run
 
 
 def _dense(t: Tensor, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> Tensor:
