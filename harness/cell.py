@@ -273,25 +273,14 @@ def call_microbatched(
     """The microbatch property: K unequal parts, each with the global normalizer; recombined."""
     mb = op.microbatch
     assert mb is not None
-    parts = mb.split(inputs, k, generator(op.name, case.name, seed, "split"))
-    runs, offset = [], 0
-    for part in parts:
+    split = list(_parts(op, inputs, grad_outputs, k, case, seed))
+    runs = []
+    for part, g in split:
         tensors = {
             n: (t.detach().clone() if isinstance(t, Tensor) and t.is_floating_point() else t)
             for n, t in part.tensors.items()
         }
-        part = Inputs(tensors, part.options)
-        size = next(
-            (
-                part.tensors[n].shape[0]
-                for n, how in mb.combine.items()
-                if how == "cat0" and isinstance(part.tensors.get(n), Tensor)
-            ),
-            0,
-        )
-        g = {n: (v if mb.combine.get(n) != "cat0" else v[offset : offset + size]) for n, v in grad_outputs.items()}
-        offset += size
-        runs.append(call_backend(op, backend, part, g, device))
+        runs.append(call_backend(op, backend, Inputs(tensors, part.options), g, device))
     combined: dict[str, Any] = {
         "outs": {},
         "grads": {},
@@ -303,17 +292,12 @@ def call_microbatched(
     for key in ("outs", "grads"):
         for name in runs[0][key]:
             vals = [r[key].get(name) for r in runs]
-            if any(v is None for v in vals):
-                combined[key][name] = None
-            elif mb.combine.get(name, "sum") == "cat0":
-                combined[key][name] = torch.cat(vals, 0)
-            else:
-                combined[key][name] = torch.stack([v.to(torch.float32) for v in vals]).sum(0).to(vals[0].dtype)
+            combined[key][name] = None if any(v is None for v in vals) else _combine(mb, name, vals)
     for r in runs:
         combined["modified"] += r["modified"]
         combined["guards"] += r["guards"]
         combined["allocations"] += r["allocations"]
-    combined["naive"] = _naive_microbatch(op, parts, grad_outputs, mb)
+    combined["naive"] = _naive_microbatch(op, split, mb)
     return combined
 
 
@@ -358,27 +342,16 @@ def _floor_microbatched(
     return ({k: _combine(mb, k, v) for k, v in outs.items()}, {k: _combine(mb, k, v) for k, v in grads.items()})
 
 
-def _naive_microbatch(op: OperatorSpec, parts: list[Inputs], grad_outputs: dict, mb: Any) -> dict[str, Tensor]:
+def _naive_microbatch(op: OperatorSpec, split: list[tuple[Inputs, dict]], mb: Any) -> dict[str, Tensor]:
     """What the classic mistake (a per-microbatch mean) gives, computed with the oracle."""
     grads: dict[str, list[Tensor]] = {}
-    offset = 0
-    for part in parts:
-        size = next(
-            (
-                part.tensors[n].shape[0]
-                for n, how in mb.combine.items()
-                if how == "cat0" and isinstance(part.tensors.get(n), Tensor)
-            ),
-            0,
-        )
-        g = {n: (v if mb.combine.get(n) != "cat0" else v[offset : offset + size]) for n, v in grad_outputs.items()}
-        offset += size
+    for part, g in split:
         naive = Inputs(part.tensors, mb.naive_options(dict(part.options)))
         _, gr, _ = reference_run(op, naive, g, torch.float64)
         for n, v in gr.items():
             if v is not None:
                 grads.setdefault(n, []).append(v)
-    return {n: (torch.cat(v, 0) if mb.combine.get(n) == "cat0" else torch.stack(v).sum(0)) for n, v in grads.items()}
+    return {n: _combine(mb, n, v) for n, v in grads.items()}
 
 
 def judge_all(
@@ -566,8 +539,16 @@ def safe_run_cell(
         return run_cell(op, backend, case, dtype, device, seed, repeats)
     except torch.cuda.OutOfMemoryError as e:
         _ORACLE_CACHE.clear()
-        return error_cell(op.name, backend.name, case, dtype, device, seed, "ERROR",
-                          f"OutOfMemoryError (harness or backend; other workers may share this GPU): {str(e)[:300]}")
+        return error_cell(
+            op.name,
+            backend.name,
+            case,
+            dtype,
+            device,
+            seed,
+            "ERROR",
+            f"OutOfMemoryError (harness or backend; other workers may share this GPU): {str(e)[:300]}",
+        )
     except Exception as e:  # the backend's failure is data, not a crash of the sweep
         msg = f"{type(e).__name__}: {e}"
         status = "CRASH" if _is_device_fault(msg) else "ERROR"

@@ -33,6 +33,13 @@ class Task:
     skip: str | None = None
     skip_kind: str = ""  # "unavailable" (backend cannot run here) or "unsupported" (this cell only)
 
+    def failed(self, status: str, message: str) -> dict[str, Any]:
+        """The cell for this task when it produced no result of its own (SKIP, TIMEOUT, CRASH, ...)."""
+        cell = error_cell(self.operator, self.backend, self.case, self.dtype, self.device, self.seed, status, message)
+        if status == "SKIP":
+            cell["skip_kind"] = self.skip_kind
+        return cell
+
     def payload(self) -> dict[str, Any]:
         return {
             "operator": self.operator,
@@ -159,8 +166,7 @@ def run(
     results: list[dict] = []
     for t in p.tasks:
         if t.skip:
-            cell = error_cell(t.operator, t.backend, t.case, t.dtype, t.device, t.seed, "SKIP", t.skip)
-            cell["skip_kind"] = t.skip_kind
+            cell = t.failed("SKIP", t.skip)
             results.append(cell)
             on_cell(cell)
     todo = [t for t in p.tasks if not t.skip]
@@ -239,35 +245,11 @@ def run(
                     code = w.proc.exitcode if not w.proc.is_alive() else None
                     w.kill()
                     if t is not None:
-                        finish(
-                            w,
-                            error_cell(
-                                t.operator,
-                                t.backend,
-                                t.case,
-                                t.dtype,
-                                t.device,
-                                t.seed,
-                                "CRASH",
-                                f"worker process died (exit code {code}) while running this cell",
-                            ),
-                        )
+                        finish(w, t.failed("CRASH", f"worker process died (exit code {code}) while running this cell"))
                     elif not w.ready:
                         # a worker that cannot even start: fail its group instead of looping forever
                         for t2 in w.group:
-                            finish(
-                                w,
-                                error_cell(
-                                    t2.operator,
-                                    t2.backend,
-                                    t2.case,
-                                    t2.dtype,
-                                    t2.device,
-                                    t2.seed,
-                                    "ERROR",
-                                    f"worker failed to start (exit code {code})",
-                                ),
-                            )
+                            finish(w, t2.failed("ERROR", f"worker failed to start (exit code {code})"))
                         w.group = []
                     new = replace(w)
                     born[new.slot] = time.time()
@@ -280,19 +262,7 @@ def run(
                         born[new.slot] = time.time()
             elif w.task is not None and now - w.started > timeout:
                 t = w.task
-                finish(
-                    w,
-                    error_cell(
-                        t.operator,
-                        t.backend,
-                        t.case,
-                        t.dtype,
-                        t.device,
-                        t.seed,
-                        "TIMEOUT",
-                        f"no result after {timeout:.0f} s; worker killed and restarted",
-                    ),
-                )
+                finish(w, t.failed("TIMEOUT", f"no result after {timeout:.0f} s; worker killed and restarted"))
                 new = replace(w)
                 born[new.slot] = time.time()
             elif not w.ready and now - born[w.slot] > startup_timeout:
@@ -346,9 +316,7 @@ class CellExecutor:
 
     def run(self, t: Task) -> dict:
         if t.skip:
-            cell = error_cell(t.operator, t.backend, t.case, t.dtype, t.device, t.seed, "SKIP", t.skip)
-            cell["skip_kind"] = t.skip_kind
-            return cell
+            return t.failed("SKIP", t.skip)
         if self.w is None or not self.w.proc.is_alive():
             self.w = self._start()
         w = self.w
@@ -356,32 +324,14 @@ class CellExecutor:
         if not w.conn.poll(self.timeout):
             w.kill()
             self.w = None
-            return error_cell(
-                t.operator,
-                t.backend,
-                t.case,
-                t.dtype,
-                t.device,
-                t.seed,
-                "TIMEOUT",
-                f"no result after {self.timeout:.0f} s; worker killed",
-            )
+            return t.failed("TIMEOUT", f"no result after {self.timeout:.0f} s; worker killed")
         try:
             cell = w.conn.recv()
         except (EOFError, OSError):
             code = w.proc.exitcode
             w.kill()
             self.w = None
-            return error_cell(
-                t.operator,
-                t.backend,
-                t.case,
-                t.dtype,
-                t.device,
-                t.seed,
-                "CRASH",
-                f"worker process died (exit code {code}) while running this cell",
-            )
+            return t.failed("CRASH", f"worker process died (exit code {code}) while running this cell")
         if cell.get("status") == "CRASH":
             w.kill()
             self.w = None
