@@ -90,7 +90,7 @@ def run_provenance(device: str) -> dict[str, Any]:
         "device": device_name(device),
         "device_class": device_class(device),
         "versions": versions(),
-        "interpreted": device == "cpu" and True or interpreted(),
+        "interpreted": device.split(":")[0] == "cpu" or interpreted(),
     }
 
 
