@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from . import registry
-from .cell import _as_dict, gen_grad_outputs, gen_inputs, output_contract
+from .oracle import as_dict, gen_grad_outputs, gen_inputs, output_contract
 from .provenance import backend_provenance, device_class, run_provenance
 from .report import atomic_write
 from .spec import Case, OperatorSpec, dtype_name, dtype_of, short_dtype
@@ -88,10 +88,10 @@ def measure(
 
     def forward():
         r = fwd_fn(**inputs.tensors, **opts)
-        return r if bwd_fn is not None else (_as_dict(op, r), None)
+        return r if bwd_fn is not None else (as_dict(op, r), None)
 
     outs, saved = forward()
-    outs = _as_dict(op, outs)
+    outs = as_dict(op, outs)
     shapes = {k: tuple(v.shape) for k, v in outs.items() if isinstance(v, torch.Tensor)}
     grads = gen_grad_outputs(op, case, 0, inputs.tensors, shapes, contract, device)
     # held in a dict so that the first forward's graph can be dropped before the memory measurement
@@ -114,7 +114,7 @@ def measure(
 
     def fwd_bwd():
         o, s = forward()
-        o = _as_dict(op, o)
+        o = as_dict(op, o)
         if bwd_fn is not None:
             return bwd_fn(s, grads)
         ps = [(o[n], grads[n]) for n in op.graded_outputs if n in o and n in grads and o[n].requires_grad]

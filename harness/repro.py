@@ -34,7 +34,7 @@ def _digest(tensors: dict[str, Any]) -> str:
 
 
 def save_bundle(cell: dict, root: str | Path, plugins: list[str]) -> Path:
-    from .cell import gen_inputs
+    from .oracle import gen_inputs
 
     op = registry.get_operator(cell["operator"])
     case = Case.from_json(cell["case"])
@@ -66,7 +66,7 @@ def save_bundle(cell: dict, root: str | Path, plugins: list[str]) -> Path:
 
 def replay(path: str, device: str | None = None) -> int:
     from . import runner
-    from .cell import gen_inputs
+    from .oracle import gen_inputs
     from .pytest_plugin import format_failure
 
     d = Path(path)

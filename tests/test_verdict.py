@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from harness import localize
-from harness.cell import oracle_and_floor
+from harness.oracle import oracle_and_floor
 from harness.registry import get_operator
 from harness.spec import Case
 from harness.verdict import check_shape, judge
@@ -29,7 +29,7 @@ def _judge(name: str, k: torch.Tensor, ref: dict, dtype: torch.dtype):
 
 def _floor_value(ref: dict, name: str) -> torch.Tensor:
     comp = OP.component(name)
-    from harness.cell import reference_run
+    from harness.oracle import reference_run
 
     _, grads, _ = reference_run(OP, ref["inputs"], ref["grad_outputs"], torch.float32)
     return grads[comp.tensor_name]

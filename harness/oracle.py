@@ -1,0 +1,267 @@
+"""The oracle (float64) and the floor reference (float32, sampled) of a case, and the inputs both see.
+
+Inputs and upstream gradients are regenerated from the seed for every consumer, so the backend, the
+oracle and the floor reference get bit-identical values in the same layouts.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .inputs import generator, place, randn
+from .spec import Case, Inputs, OperatorSpec
+
+Tensor = torch.Tensor
+_ORACLE_CACHE: OrderedDict[tuple, dict] = OrderedDict()
+# Extra floor-reference evaluations on perturbed inputs: the floor's error is the worst of them, so a
+# lucky rounding of one evaluation (a reduction that happens to land on the exact sum) sets no bar.
+FLOOR_SAMPLES = 3
+
+
+def gen_inputs(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int, device: str) -> Inputs:
+    return op.make_inputs(case, dtype, generator(op.name, case.name, case.params, seed), device)
+
+
+def output_contract(op: OperatorSpec, tensors: dict[str, Tensor | None]) -> dict[str, torch.dtype]:
+    return op.output_dtypes(tensors) if op.output_dtypes else {}
+
+
+def gen_grad_outputs(
+    op: OperatorSpec,
+    case: Case,
+    seed: int,
+    tensors: dict,
+    shapes: dict[str, tuple],
+    dtypes: dict[str, torch.dtype],
+    device: str,
+) -> dict[str, Tensor]:
+    gen = generator(op.name, case.name, case.params, seed, "grad")
+    if op.make_grad_outputs is not None:
+        return op.make_grad_outputs(tensors, case, gen, device)
+    layout = case.params.get("grad_layout", "contiguous")
+    out = {}
+    for name in op.graded_outputs:
+        if name not in shapes:
+            continue
+        lay = layout.get(name, "contiguous") if isinstance(layout, dict) else layout
+        shape = shapes[name]
+        if len(shape) == 0 or (lay.startswith("perm") and lay.count(",") + 1 != len(shape)):
+            lay = "contiguous"
+        values = randn(shape, gen, dtypes.get(name, torch.float32))
+        if case.params.get("grad_ones"):  # the plain loss.backward() path some kernels special-case
+            values = torch.ones_like(values)
+        out[name] = place(values, lay, device)
+    return out
+
+
+def as_dict(op: OperatorSpec, outs: Any) -> dict[str, Tensor]:
+    if isinstance(outs, dict):
+        return outs
+    if isinstance(outs, Tensor):
+        outs = (outs,)
+    return dict(zip(op.outputs, outs, strict=False))
+
+
+def _upcast(tensors: dict[str, Any], dt: torch.dtype) -> dict[str, Any]:
+    return {
+        k: (v.detach().to(dt) if isinstance(v, Tensor) and v.is_floating_point() else v) for k, v in tensors.items()
+    }
+
+
+def evaluate(
+    op: OperatorSpec, fn: Callable, tensors: dict[str, Any], options: dict, grad_outputs: dict[str, Tensor] | None
+) -> tuple[dict[str, Tensor], dict[str, Tensor | None]]:
+    """Call an autograd-capable ``fn`` and differentiate the graded outputs."""
+    leaves = {}
+    for name in op.differentiable:
+        t = tensors.get(name)
+        if isinstance(t, Tensor):
+            t.requires_grad_(True)
+            leaves[name] = t
+    outs = as_dict(op, fn(**tensors, **options))
+    if grad_outputs is None:
+        return outs, {}
+    pairs = [(outs[n], grad_outputs[n]) for n in op.graded_outputs if n in outs and n in grad_outputs]
+    pairs = [(o, g) for o, g in pairs if isinstance(o, Tensor) and o.requires_grad]
+    names = list(leaves)
+    if not pairs or not names:
+        return outs, {n: None for n in names}
+    grads = torch.autograd.grad(
+        [o for o, _ in pairs], [leaves[n] for n in names], [g.to(o.dtype) for o, g in pairs], allow_unused=True
+    )
+    return outs, dict(zip(names, grads, strict=True))
+
+
+def reference_run(
+    op: OperatorSpec, inputs: Inputs, grad_outputs: dict[str, Tensor] | None, compute: torch.dtype, tf32: bool = False
+) -> tuple[dict, dict, dict]:
+    t = _upcast(inputs.tensors, compute)
+    g = _upcast(grad_outputs, compute) if grad_outputs is not None else None
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        outs, grads = evaluate(op, op.reference, t, inputs.options, g)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+    return (
+        {k: v.detach() for k, v in outs.items() if isinstance(v, Tensor)},
+        {k: (v.detach() if v is not None else None) for k, v in grads.items()},
+        t,
+    )
+
+
+def _key(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int, device: str, tf32: bool) -> tuple:
+    import json
+
+    return (
+        op.name,
+        case.name,
+        json.dumps(case.params, sort_keys=True, default=str),
+        case.microbatches,
+        str(dtype),
+        seed,
+        device,
+        tf32,
+    )
+
+
+def oracle_and_floor(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int, device: str, tf32: bool) -> dict:
+    """Oracle (float64) and floor reference (float32, rounded to contract dtypes); cached per case."""
+    key = _key(op, case, dtype, seed, device, tf32)
+    if key in _ORACLE_CACHE:
+        _ORACLE_CACHE.move_to_end(key)
+        return _ORACLE_CACHE[key]
+    inputs = gen_inputs(op, case, dtype, seed, device)
+    contract = output_contract(op, inputs.tensors)
+    o_out, _, _ = reference_run(op, inputs, None, torch.float64)
+    shapes = {k: tuple(v.shape) for k, v in o_out.items()}
+    g = gen_grad_outputs(op, case, seed, inputs.tensors, shapes, contract, device)
+    o_out, o_grad, t64 = reference_run(op, inputs, g, torch.float64)
+    r_out, r_grad, _ = reference_run(op, inputs, g, torch.float32, tf32=tf32)
+    # the floor reference's outputs and gradients rounded to what the backend must return
+    r_out = {k: v.to(contract.get(k, v.dtype)) for k, v in r_out.items()}
+    r_grad = {k: (v.to(inputs.tensors[k].dtype) if v is not None else None) for k, v in r_grad.items()}
+    err_out = {k: [_err(v, o_out.get(k))] for k, v in r_out.items()}
+    err_grad = {k: [_err(v, o_grad.get(k))] for k, v in r_grad.items()}
+    pgen = generator(op.name, case.name, case.params, seed, "floor-samples")
+    for _ in range(FLOOR_SAMPLES):
+        pin = Inputs(_perturb(inputs.tensors, pgen), inputs.options)
+        pg = _perturb(g, pgen)
+        po, pgr, _ = reference_run(op, pin, pg, torch.float64)
+        ro, rgr, _ = reference_run(op, pin, pg, torch.float32, tf32=tf32)
+        for k, v in ro.items():
+            err_out.setdefault(k, []).append(_err(v.to(contract.get(k, v.dtype)), po.get(k)))
+        for k, v in rgr.items():
+            if v is not None:
+                err_grad.setdefault(k, []).append(_err(v.to(inputs.tensors[k].dtype), pgr.get(k)))
+    if case.microbatches > 1 and op.microbatch is not None:
+        # the floor under the same protocol: per-microbatch float32 results rounded, then combined
+        mo, mg = _floor_microbatched(op, inputs, g, case, seed, contract, tf32)
+        for k, v in mo.items():
+            err_out.setdefault(k, []).append(_err(v, o_out.get(k)))
+        for k, v in mg.items():
+            err_grad.setdefault(k, []).append(_err(v, o_grad.get(k)))
+    extra: dict[str, Any] = {}
+    if op.extra_bound is not None:
+        kw = (
+            {"matmul_precision": "tf32"}
+            if tf32 and "matmul_precision" in inspect.signature(op.extra_bound).parameters
+            else {}
+        )
+        extra = op.extra_bound(t64, _upcast(g, torch.float64), case, **kw) or {}
+    entry = {
+        "inputs": inputs,
+        "contract": contract,
+        "grad_outputs": g,
+        "o_out": o_out,
+        "o_grad": o_grad,
+        "r_out": err_out,
+        "r_grad": err_grad,
+        "extra": extra,
+    }
+    # one entry: a worker runs all backends of a (case, dtype) group in a row, and a second entry of a
+    # large case held on the GPU starves the other workers sharing it (seen as OOM cells on an H200)
+    _ORACLE_CACHE.clear()
+    _ORACLE_CACHE[key] = entry
+    return entry
+
+
+def clear_cache() -> None:
+    """Drop the cached oracle (it may hold GPU memory that another worker sharing the GPU needs)."""
+    _ORACLE_CACHE.clear()
+
+
+def _err(r: Tensor | None, o: Tensor | None) -> Tensor | None:
+    if r is None or o is None or r.shape != o.shape:
+        return None
+    return (r.double() - o.double()).abs()
+
+
+def _perturb(tensors: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
+    """Float inputs nudged by +-2^-22 (relative) in float32: another sample of float32 rounding."""
+    out = {}
+    for k, v in tensors.items():
+        if isinstance(v, Tensor) and v.is_floating_point():
+            sign = torch.randint(0, 2, tuple(v.shape), generator=gen).to(torch.float32) * 2 - 1
+            out[k] = v.detach().to(torch.float32) * (1 + 2.0**-22 * sign.to(v.device))
+        else:
+            out[k] = v
+    return out
+
+
+def microbatch_parts(op: OperatorSpec, inputs: Inputs, grad_outputs: dict, k: int, case: Case, seed: int):
+    """The microbatches (as the backend gets them) with their slices of the upstream gradients."""
+    mb = op.microbatch
+    assert mb is not None
+    offset = 0
+    for part in mb.split(inputs, k, generator(op.name, case.name, seed, "split")):
+        size = next(
+            (
+                part.tensors[n].shape[0]
+                for n, how in mb.combine.items()
+                if how == "cat0" and isinstance(part.tensors.get(n), Tensor)
+            ),
+            0,
+        )
+        g = {n: (v if mb.combine.get(n) != "cat0" else v[offset : offset + size]) for n, v in grad_outputs.items()}
+        offset += size
+        yield part, g
+
+
+def combine(mb: Any, name: str, vals: list[Tensor]) -> Tensor:
+    if mb.combine.get(name, "sum") == "cat0":
+        return torch.cat(vals, 0)
+    return torch.stack([v.to(torch.float32) for v in vals]).sum(0).to(vals[0].dtype)
+
+
+def _floor_microbatched(
+    op: OperatorSpec, inputs: Inputs, g: dict, case: Case, seed: int, contract: dict, tf32: bool
+) -> tuple[dict, dict]:
+    outs: dict[str, list[Tensor]] = {}
+    grads: dict[str, list[Tensor]] = {}
+    for part, pg in microbatch_parts(op, inputs, g, case.microbatches, case, seed):
+        ro, rg, _ = reference_run(op, part, pg, torch.float32, tf32=tf32)
+        for k, v in ro.items():
+            outs.setdefault(k, []).append(v.to(contract.get(k, v.dtype)))
+        for k, v in rg.items():
+            if v is not None:
+                grads.setdefault(k, []).append(v.to(part.tensors[k].dtype))
+    mb = op.microbatch
+    return ({k: combine(mb, k, v) for k, v in outs.items()}, {k: combine(mb, k, v) for k, v in grads.items()})
+
+
+def naive_microbatch(op: OperatorSpec, split: list[tuple[Inputs, dict]], mb: Any) -> dict[str, Tensor]:
+    """What the classic mistake (a per-microbatch mean) gives, computed with the oracle."""
+    grads: dict[str, list[Tensor]] = {}
+    for part, g in split:
+        naive = Inputs(part.tensors, mb.naive_options(dict(part.options)))
+        _, gr, _ = reference_run(op, naive, g, torch.float64)
+        for n, v in gr.items():
+            if v is not None:
+                grads.setdefault(n, []).append(v)
+    return {n: combine(mb, n, v) for n, v in grads.items()}
