@@ -11,8 +11,6 @@ register_backend(Backend(
     dtypes=("float32", "bfloat16", "float16"),
     # query blocks of the dq kernel, key blocks of the dk/dv kernel (16-bit inputs, GPU)
     blocks={"BLOCK_M": 16, "BLOCK_N": 16} if interpreted() else {"BLOCK_M": 64, "BLOCK_N": 128},
-    skip=lambda case, dtype, device: "bf16 tl.dot is wrong in the Triton interpreter"
-    if device == "cpu" and dtype == "bfloat16" else None,
     sources=tuple(_DIR + f for f in ("kernels.py", "wrapper.py", "adapter.py")),
     deterministic=True, matmul_precision="ieee",
     description="Triton: forward LSE + output passes; backward Delta (sum p dp) + dq with per-block "

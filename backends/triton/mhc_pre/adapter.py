@@ -12,8 +12,6 @@ register_backend(Backend(
     # tiles of the dx / dphi kernel: BLOCK_ND features of one stream (blocks restart at each stream)
     # x BLOCK_T tokens; must match wrapper.CPU_CONFIG / GPU_CONFIG (a test checks it)
     blocks={"BLOCK_ND": 64, "BLOCK_T": 16} if interpreted() else {"BLOCK_ND": 64, "BLOCK_T": 32},
-    skip=lambda case, dtype, device: "bf16 tl.dot is wrong in the Triton interpreter"
-    if device == "cpu" and dtype == "bfloat16" else None,
     sources=tuple(_DIR + f for f in ("kernels.py", "wrapper.py", "adapter.py")),
     deterministic=True, matmul_precision="ieee",
     description="Triton: split-K GEMM + sum of squares on bf16 tensor cores with exact float32 products "
