@@ -279,7 +279,10 @@ def full(device: str) -> list[Case]:
 
 
 def bench_cases(device: str) -> list[Case]:
-    return [C("bench-N8192-V128256", 8192, 128256)]
+    # loss.backward() (upstream gradient 1, what training does), then a scaled loss (any g): a kernel
+    # may special-case the first, and both are shown
+    return [C("bench-N8192-V128256-backward", 8192, 128256, grad_ones=True),
+            C("bench-N8192-V128256-scaled", 8192, 128256)]
 
 
 def cost_model(p: dict, dtype: torch.dtype) -> dict:

@@ -77,8 +77,36 @@ def _leaves(op: OperatorSpec, tensors: dict) -> dict[str, torch.Tensor]:
     return out
 
 
+def kernel_breakdown(fn: Callable[[], Any], iters: int = 3, top: int = 8) -> list[dict[str, Any]]:
+    """The device kernels of one call of ``fn``: name, launches and milliseconds per call, by time.
+
+    What a developer reads first when a backend misses its roofline: which kernel takes the time.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    _sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        _sync()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:  # older torch
+            us = getattr(e, "self_cuda_time_total", 0)
+        if us > 0:
+            rows.append({"kernel": e.key, "calls": e.count / iters, "ms": us / iters / 1e3})
+    rows.sort(key=lambda r: -r["ms"])
+    total = sum(r["ms"] for r in rows) or 1.0
+    for r in rows:
+        r["share"] = r["ms"] / total
+    return rows[:top]
+
+
 def measure(
-    op: OperatorSpec, b: registry.Backend, case: Case, dtype: torch.dtype, device: str, reps: int = 0
+    op: OperatorSpec, b: registry.Backend, case: Case, dtype: torch.dtype, device: str, reps: int = 0,
+    profile: bool = False,
 ) -> dict[str, Any]:
     inputs = gen_inputs(op, case, dtype, 0, device)
     contract = output_contract(op, inputs.tensors)
@@ -135,6 +163,8 @@ def measure(
     if has_grad:
         row["bwd_ms"] = timeit(backward_only, reps)
         row["fwd_bwd_ms"] = timeit(fwd_bwd, reps)
+    if profile and device.startswith("cuda"):
+        row["kernels"] = kernel_breakdown(fwd_bwd if has_grad else forward)
     st.clear()
     if device.startswith("cuda"):
         _sync()
@@ -155,6 +185,7 @@ def run_bench(
     report_dir: str,
     dtypes: list[str] | None,
     reps: int = 0,
+    profile: bool = False,
 ) -> int:
     ops = registry.resolve_kernels(kernels)
     prov = run_provenance(device)
@@ -187,7 +218,7 @@ def run_bench(
                         )
                         continue
                     try:
-                        row = measure(op, b, case, dt, device, reps)
+                        row = measure(op, b, case, dt, device, reps, profile)
                     except Exception as e:  # a failing backend is a row, not the end of the benchmark
                         row = {
                             "backend": b.name,
@@ -272,6 +303,17 @@ def _write(
             f"{f(r.get('fwd_bw_frac'), '.0%')} | {f(r.get('bwd_bw_frac'), '.0%')} | {f(r.get('tflops'), '.0f')} | "
             f"{f(r.get('peak_extra_gb'), '.2f')} | {f(r.get('speedup_fwd_bwd'), '.2f')} |"
         )
+    prof = [r for r in rows if r.get("kernels")]
+    if prof:
+        lines += ["", "## Where the time goes", "",
+                  "Device kernels of one forward+backward (torch.profiler, mean of 3 calls), longest first.", ""]
+        for r in prof:
+            lines += [f"**{r['backend']}**, {r['case']}, {short_dtype(r['dtype'])}:", "",
+                      "| kernel | launches | ms | share |", "|---|---|---|---|"]
+            for k in r["kernels"]:
+                name = k["kernel"] if len(k["kernel"]) <= 80 else k["kernel"][:77] + "..."
+                lines.append(f"| `{name.replace('|', '/')}` | {k['calls']:.3g} | {k['ms']:.3g} | {k['share']:.0%} |")
+            lines.append("")
     text = "\n".join(lines) + "\n"
     payload = {
         "operator": op.name,

@@ -228,6 +228,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         a.report,
         as_list(a.dtype) or None,
         a.reps,
+        profile=a.profile,
     )
 
 
@@ -289,6 +290,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--backend", default=None)
     b.add_argument("--dtype", default=None)
     b.add_argument("--reps", type=int, default=0, help="timing repetitions (default: do_bench's)")
+    b.add_argument("--profile", action="store_true",
+                   help="add a per-kernel breakdown of forward+backward (torch.profiler) to the report")
     b.set_defaults(fn=cmd_bench)
 
     rr = sub.add_parser("repro", help="replay a saved failure bundle")
