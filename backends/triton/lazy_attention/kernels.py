@@ -79,7 +79,10 @@ def _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m,
 def _lazy_fwd_kernel(Q, K, V, Bias, Tau, O, LSE,
                      sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd, sob, soh, sol, sod,
                      sbh, sbw, stau, H, L, W, qk_scale,
-                     DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+                     DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+                     PREC: tl.constexpr):
+    # BLOCK_N: key block of the output pass; BLOCK_L: key block of the LSE pass (one dot per tile, so a
+    # wider block than the output pass's pays off); each pass splits its range with its own block size
     pid_m = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -93,17 +96,20 @@ def _lazy_fwd_kernel(Q, K, V, Bias, Tau, O, LSE,
     c = tl.load(Tau + h * stau) / (offs_m + 1).to(tl.float32)
 
     hi = tl.minimum(m0 + BLOCK_M, L)
-    bias_lo = (tl.maximum(m0 - W + 1, 0) // BLOCK_N) * BLOCK_N    # first key block with distance < W
+    first_bias = tl.maximum(m0 - W + 1, 0)                        # keys below: distance >= W for every row
+    bias_l = (first_bias // BLOCK_L) * BLOCK_L                    # the LSE pass's ranges, in BLOCK_L blocks
+    diag_l = (m0 // BLOCK_L) * BLOCK_L
+    bias_lo = (first_bias // BLOCK_N) * BLOCK_N                   # first key block with distance < W
     diag_lo = (m0 // BLOCK_N) * BLOCK_N                           # first key block with some j > i
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    m_i, l_i = _fwd_lse_range(q, k_base, skl, skd, bias_row, sbw, offs_m, offs_d, m_i, l_i, 0, bias_lo,
-                              L, W, qk_scale, BLOCK_N, False, False, PREC)
-    m_i, l_i = _fwd_lse_range(q, k_base, skl, skd, bias_row, sbw, offs_m, offs_d, m_i, l_i, bias_lo, diag_lo,
-                              L, W, qk_scale, BLOCK_N, True, False, PREC)
-    m_i, l_i = _fwd_lse_range(q, k_base, skl, skd, bias_row, sbw, offs_m, offs_d, m_i, l_i, diag_lo, hi,
-                              L, W, qk_scale, BLOCK_N, True, True, PREC)
+    m_i, l_i = _fwd_lse_range(q, k_base, skl, skd, bias_row, sbw, offs_m, offs_d, m_i, l_i, 0, bias_l,
+                              L, W, qk_scale, BLOCK_L, False, False, PREC)
+    m_i, l_i = _fwd_lse_range(q, k_base, skl, skd, bias_row, sbw, offs_m, offs_d, m_i, l_i, bias_l, diag_l,
+                              L, W, qk_scale, BLOCK_L, True, False, PREC)
+    m_i, l_i = _fwd_lse_range(q, k_base, skl, skd, bias_row, sbw, offs_m, offs_d, m_i, l_i, diag_l, hi,
+                              L, W, qk_scale, BLOCK_L, True, True, PREC)
     lse2 = m_i + tl.log2(l_i)
 
     acc = tl.zeros([BLOCK_M, DH], tl.float32)
@@ -191,9 +197,13 @@ def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
                         sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
                         sdob, sdoh, sdol, sdod, sdqb, sdqh, sdql, sdqd,
                         sbh, sbw, stau, H, L, W, qk_scale, scale,
-                        DH: tl.constexpr, BLOCK: tl.constexpr, PREC: tl.constexpr):
+                        DH: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_F: tl.constexpr,
+                        PREC: tl.constexpr):
     # Two passes over the key blocks of one query block: Delta_i = sum_j p dp (stored for the dk/dv
     # kernel; not g_i . o_i, rows of e need not sum to one), then dq and the dbias/dtau partial row.
+    # BLOCK: query rows, and the key block wherever the bias table or the diagonal is met (the dbias
+    # diagonal sums need square tiles); BLOCK_D: key block of the Delta pass; BLOCK_F: key block of the
+    # dq pass far from the diagonal (distance >= W: no dbias, no mask, any tile shape).
     pid_m = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -215,15 +225,20 @@ def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
     part_row = Part + ((b * n_m + pid_m) * H + h) * (W + 1)
 
     hi = tl.minimum(m0 + BLOCK, L)
-    bias_lo = (tl.maximum(m0 - W + 1, 0) // BLOCK) * BLOCK
+    first_bias = tl.maximum(m0 - W + 1, 0)          # keys below: distance >= W for every row of the block
+    bias_d = (first_bias // BLOCK_D) * BLOCK_D
+    diag_d = (m0 // BLOCK_D) * BLOCK_D
+    # the dq pass: far range in BLOCK_F blocks up to a multiple of both BLOCK_F and BLOCK (powers of two),
+    # then square BLOCK tiles from there to the diagonal
+    bias_lo = (((first_bias // BLOCK_F) * BLOCK_F) // BLOCK) * BLOCK
     diag_lo = m0
     delta = tl.zeros([BLOCK], tl.float32)
     delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
-                         delta, 0, bias_lo, L, W, qk_scale, BLOCK, False, False, PREC)
+                         delta, 0, bias_d, L, W, qk_scale, BLOCK_D, False, False, PREC)
     delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
-                         delta, bias_lo, diag_lo, L, W, qk_scale, BLOCK, True, False, PREC)
+                         delta, bias_d, diag_d, L, W, qk_scale, BLOCK_D, True, False, PREC)
     delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
-                         delta, diag_lo, hi, L, W, qk_scale, BLOCK, True, True, PREC)
+                         delta, diag_d, hi, L, W, qk_scale, BLOCK_D, True, True, PREC)
     tl.store(Delta + bh * L + offs_m, delta, mask=rows)
 
     dq = tl.zeros([BLOCK, DH], tl.float32)
@@ -233,7 +248,7 @@ def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
     carry = tl.zeros([BLOCK], tl.float32)
     dq, dps, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
                                delta, c, dq, dps, carry, part_row, m0, 0, bias_lo, L, W, qk_scale,
-                               BLOCK, False, False, PREC)
+                               BLOCK_F, False, False, PREC)
     dq, dps, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
                                delta, c, dq, dps, carry, part_row, m0, bias_lo, diag_lo, L, W, qk_scale,
                                BLOCK, True, False, PREC)

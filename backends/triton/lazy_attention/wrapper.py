@@ -23,6 +23,8 @@ INTERPRET_BLOCK = 16
 REDUCE_BLOCK = 128
 # Per-kernel launch settings can be replaced here (the GPU benchmark script sweeps them).
 OVERRIDES: dict[str, dict] = {}
+# The same under the interpreter (tests of mixed block sizes on CPU).
+INTERPRET_OVERRIDES: dict[str, dict] = {}
 
 
 def _interpreted() -> bool:
@@ -32,8 +34,10 @@ def _interpreted() -> bool:
 def config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
     """Block sizes and launch options of ``kernel`` ("fwd", "dq", "dkdv") for head dim ``dh``."""
     if _interpreted():
+        if kernel in INTERPRET_OVERRIDES:
+            return dict(INTERPRET_OVERRIDES[kernel])
         b = INTERPRET_BLOCK
-        return {"fwd": {"BLOCK_M": b, "BLOCK_N": b}, "dq": {"BLOCK": b},
+        return {"fwd": {"BLOCK_M": b, "BLOCK_N": b, "BLOCK_L": b}, "dq": {"BLOCK": b, "BLOCK_D": b, "BLOCK_F": b},
                 "dkdv": {"BLOCK_M": b, "BLOCK_N": b}}[kernel]
     return gpu_config(kernel, dh, dtype)
 
@@ -44,13 +48,13 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
         return dict(OVERRIDES[kernel])
     if dtype == torch.float32:
         # ieee fp32 dots run on the FMA units: small tiles keep registers (and ptxas time) in bounds
-        return {"fwd": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
-                "dq": {"BLOCK": 32, "num_warps": 4, "num_stages": 1},
+        return {"fwd": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_L": 32, "num_warps": 4, "num_stages": 1},
+                "dq": {"BLOCK": 32, "BLOCK_D": 32, "BLOCK_F": 32, "num_warps": 4, "num_stages": 1},
                 "dkdv": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}}[kernel]
     # 16-bit inputs (Hopper, wgmma): the fastest of a sweep at B=4, H=16, L=4096, Dh=128, W=512 on an
     # H200 (scratch benchmark, same run as SDPA); dk/dv 32x64 was 2.5 ms slower than 64x128
-    return {"fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
-            "dq": {"BLOCK": 64, "num_warps": 4, "num_stages": 3},
+    return {"fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_L": 64, "num_warps": 8, "num_stages": 3},
+            "dq": {"BLOCK": 64, "BLOCK_D": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
             "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}}[kernel]
 
 
@@ -92,7 +96,8 @@ def lazy_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor,
     _lazy_fwd_kernel[grid](
         q, k, v, bias, tau, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E,
-        DH=DH, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], PREC=_precision(q.dtype), **_launch_opts(cfg))
+        DH=DH, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_L=cfg["BLOCK_L"], PREC=_precision(q.dtype),
+        **_launch_opts(cfg))
     return o, lse
 
 
@@ -101,35 +106,51 @@ def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, ls
     """dq, dk, dv (input dtype), dbias [H,W] and dtau [H] (float32), all computed by the kernels."""
     B, H, L, DH = q.shape
     W = bias.shape[1]
-    dev, prec = q.device, _precision(q.dtype)
-    sdo = (do.stride(0), do.stride(1), do.stride(2), do.stride(3))
+    dev = q.device
     dq = torch.empty((B, H, L, DH), dtype=q.dtype, device=dev)
     dk = torch.empty((B, H, L, DH), dtype=k.dtype, device=dev)
     dv = torch.empty((B, H, L, DH), dtype=v.dtype, device=dev)
     delta = torch.empty((B, H, L), dtype=torch.float32, device=dev)
 
-    cq = config("dq", DH, q.dtype)
-    n_m = triton.cdiv(L, cq["BLOCK"])
-    # one partial row per (batch, query block, head): W dbias sums, then the dtau sum
-    part = torch.zeros((B * n_m, H, W + 1), dtype=torch.float32, device=dev)
-    _lazy_bwd_dq_kernel[(n_m, H, B)](
-        q, k, v, do, bias, tau, lse, delta, dq, part, *q.stride(), *k.stride(), *v.stride(), *sdo,
-        *dq.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E, scale,
-        DH=DH, BLOCK=cq["BLOCK"], PREC=prec, **_launch_opts(cq))
-
-    ckv = config("dkdv", DH, q.dtype)
+    part = launch_dq(q, k, v, bias, tau, lse, do, scale, delta, dq)
     # after the dq kernel: it writes the Delta this one reads
-    _lazy_bwd_dkdv_kernel[(triton.cdiv(L, ckv["BLOCK_N"]), H, B)](
-        q, k, v, do, bias, tau, lse, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *sdo,
-        *dk.stride(), *dv.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W,
-        scale * LOG2E, scale, DH=DH, BLOCK_M=ckv["BLOCK_M"], BLOCK_N=ckv["BLOCK_N"], PREC=prec,
-        **_launch_opts(ckv))
+    launch_dkdv(q, k, v, bias, tau, lse, do, scale, delta, dk, dv)
 
     dbias = torch.zeros((H, W), dtype=torch.float32, device=dev)
     dtau = torch.zeros((H,), dtype=torch.float32, device=dev)
-    bw = REDUCE_BLOCK   # (H, W/128) programs, each summing B * n_m partial rows in a fixed order
-    _lazy_bwd_reduce_kernel[(H, triton.cdiv(W + 1, bw))](part, dbias, dtau, B * n_m, H, W, BLOCK_W=bw)
+    bw = REDUCE_BLOCK   # (H, W/128) programs, each summing the partial rows in a fixed order
+    _lazy_bwd_reduce_kernel[(H, triton.cdiv(W + 1, bw))](part, dbias, dtau, part.shape[0], H, W, BLOCK_W=bw)
     return dq, dk, dv, dbias, dtau
+
+
+def launch_dq(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
+              scale: float, delta: Tensor, dq: Tensor) -> Tensor:
+    """Runs the dq kernel (writes delta and dq); returns the partial rows [B * n_m, H, W + 1]."""
+    B, H, L, DH = q.shape
+    W = bias.shape[1]
+    cq = config("dq", DH, q.dtype)
+    n_m = triton.cdiv(L, cq["BLOCK"])
+    # one partial row per (batch, query block, head): W dbias sums, then the dtau sum
+    part = torch.zeros((B * n_m, H, W + 1), dtype=torch.float32, device=q.device)
+    _lazy_bwd_dq_kernel[(n_m, H, B)](
+        q, k, v, do, bias, tau, lse, delta, dq, part, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        *dq.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E, scale,
+        DH=DH, BLOCK=cq["BLOCK"], BLOCK_D=cq["BLOCK_D"], BLOCK_F=cq["BLOCK_F"], PREC=_precision(q.dtype),
+        **_launch_opts(cq))
+    return part
+
+
+def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
+                scale: float, delta: Tensor, dk: Tensor, dv: Tensor) -> None:
+    """Runs the dk/dv kernel (reads the delta the dq kernel wrote)."""
+    B, H, L, DH = q.shape
+    W = bias.shape[1]
+    ckv = config("dkdv", DH, q.dtype)
+    _lazy_bwd_dkdv_kernel[(triton.cdiv(L, ckv["BLOCK_N"]), H, B)](
+        q, k, v, do, bias, tau, lse, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        *dk.stride(), *dv.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W,
+        scale * LOG2E, scale, DH=DH, BLOCK_M=ckv["BLOCK_M"], BLOCK_N=ckv["BLOCK_N"], PREC=_precision(q.dtype),
+        **_launch_opts(ckv))
 
 
 class LazyAttentionFn(torch.autograd.Function):
