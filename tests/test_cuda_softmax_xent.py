@@ -143,11 +143,11 @@ def test_launch_error_raises() -> None:
     from backends.cuda.softmax_xent import loader
     z, t = _inputs(4, 1025, torch.float32, ignored=0.0, pad=0)
     threads = loader.config("float32", 1025)["threads"]
-    loader.lib().xent_tune(1025, -1, -1, 0)  # blockDim = 1025 > 1024: the launch is refused
+    loader.lib().xent_tune(1025, -1, -1, 0, -1)  # blockDim = 1025 > 1024: the launch is refused
     try:
         # CUDA 13 reports it as "invalid argument" (older runtimes: "invalid configuration argument")
         with pytest.raises(RuntimeError, match="launch failed: invalid"):
             _impl()(z, t)
     finally:
-        loader.lib().xent_tune(threads, -1, -1, 0)
+        loader.lib().xent_tune(threads, -1, -1, 0, -1)
     assert torch.isfinite(_impl()(z, t)["loss"])  # the error was cleared, not sticky

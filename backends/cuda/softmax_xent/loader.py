@@ -23,7 +23,7 @@ _SIGNATURES = {
                      _P, _P, _P, _P, _P],
     "xent_backward": [_P, _I32, _I64, _I64, _I64, _P, _I64, _I64, _F32, _F32, _P, _P, _P, _I64, _I32, _P,
                       _I64, _P],
-    "xent_tune": [_I32, _I32, _I32, _I32],
+    "xent_tune": [_I32, _I32, _I32, _I32, _I32],
     "xent_config": [_I32, _I64, _I32, _P],
     "xent_error_string": [_I32],
 }
