@@ -127,6 +127,11 @@ def _copy(src, dst, tma: bool):
     return T.copy(src, dst, annotations={"disable_tma": True})
 
 
+def _tile_loop(extent, stages: int, tma: bool):
+    """The loop over token tiles of bwd_col: a TMA pipeline, or (tma=False) a plain serial loop."""
+    return T.Pipelined(extent, num_stages=stages) if tma else T.serial(extent)
+
+
 def use_tma(n: int, D: int, dtype: str) -> bool:
     """TMA (and TileLang's warp-specialized pipelines) only where every tile is aligned to a D slice."""
     return D % 64 == 0
@@ -204,8 +209,10 @@ def fwd_kernel(n: int, D: int, dtype: str, norm_eps: float, hc_eps: float, post_
                 # the tensor cores' float32 accumulation drifts over long K (measured: h_mix errors
                 # 3-8x the fp32 floor at nD = 16384): each K tile starts from zero and is added
                 # to the running sum with round-to-nearest float32 adds
-                for a, pc in enumerate(pieces):
-                    T.gemm(pc, ps, blk, transpose_B=True, clear_accum=(a == 0))
+                # smallest piece first: the MMA truncates each partial sum to the magnitude of
+                # what it holds, so the large products go in last (fewer truncated adds)
+                for q, pc in enumerate(reversed(pieces)):
+                    T.gemm(pc, ps, blk, transpose_B=True, clear_accum=(q == 0))
                 for i, j in T.Parallel(BT, 3 * Mp):
                     acc[i, j] += blk[i, j]
             hm_s = T.alloc_shared((BT, 3 * Mp), F32)
@@ -221,7 +228,7 @@ def fwd_kernel(n: int, D: int, dtype: str, norm_eps: float, hc_eps: float, post_
             hp_s = T.alloc_shared((BT, n), F32)
             for i, j in T.Parallel(BT, Mp):
                 row = bx * BT + i
-                hmv = (hm_s[i, j] + hm_s[i, Mp + j]) + hm_s[i, 2 * Mp + j]
+                hmv = hm_s[i, j] + (hm_s[i, Mp + j] + hm_s[i, 2 * Mp + j])
                 tv = hmv * ir_s[i]
                 jb = T.min(j, M - 1)
                 if j < n:
@@ -341,17 +348,30 @@ def bwd_tok_kernel(n: int, D: int, dtype: str, hc_eps: float, post_mult: float, 
     return mhc_bwd_tok
 
 
+def col_pipelined(n: int, D: int, dtype: str, tma: bool = True) -> bool:
+    """bwd_col runs a (warp-specialized) TMA pipeline only where every copy of its loop is a TMA
+    copy: x in bf16 column blocks of >= 64 features (narrower blocks of the swizzled tile have no
+    valid TMA layout: compile error at n = 6), h_pre rows of 16-byte multiples. TileLang releases
+    a stage after the last read of its TMA buffers only, so a plain copy among TMA ones is
+    overwritten while still read (from the third tile of a split on)."""
+    p = plan(n, D, dtype)
+    return tma and X_PIECES[dtype] == 1 and p.BD >= 64 and (n * 4) % 16 == 0
+
+
 def bwd_col_kernel(n: int, D: int, dtype: str, tma: bool = True):
     p = plan(n, D, dtype)
     nD, MF = n * D, p.MF
     BT2, BD, NC = p.BT2, p.BD, p.NC
     NX = X_PIECES[dtype]
+    tma = col_pipelined(n, D, dtype, tma)
     nBD = n * BD
     Tn = T.dynamic("T")
     S = T.dynamic("S")
-    # products of pieces kept: orders a + b <= 2 (the rest is below 2^-24 relative)
-    vec_pairs = [(a, b) for a in range(3) for b in range(3) if a + b <= 2]
-    raw_pairs = [(a, b) for a in range(NX) for b in range(3) if a + b <= 2]
+    # products of pieces kept: orders a + b <= 2 (the rest is below 2^-24 relative), smallest
+    # first into each accumulator (the MMA's float32 adds truncate to the running sum's magnitude:
+    # the large products go in last, as in the Triton backend's _dot_pp)
+    vec_pairs = sorted(((a, b) for a in range(3) for b in range(3) if a + b <= 2), key=lambda ab: -(ab[0] + ab[1]))
+    raw_pairs = sorted(((a, b) for a in range(NX) for b in range(3) if a + b <= 2), key=lambda ab: -(ab[0] + ab[1]))
 
     @T.prim_func
     def mhc_bwd_col(x: T.Tensor((Tn, nD), dtype), g_in: T.Tensor((Tn, D), dtype),
@@ -392,7 +412,13 @@ def bwd_col_kernel(n: int, D: int, dtype: str, tma: bool = True):
             per = T.ceildiv(Tn, BT2 * S)  # token tiles per split
             if p.stage_dm:
                 dm_s = T.alloc_shared((BT2, MF), F32)
-            for it in T.Pipelined(per, num_stages=p.col_stages):
+            # tma=False (col_pipelined): a plain loop (copies, then compute, synchronized per
+            # tile). Not a pipeline: TileLang's cp.async pipeline over this dynamic-extent loop
+            # fails in CUDA codegen ("Downcast from tirx.Sub to ir.IntImm"), and one with a TMA
+            # copy among plain ones is warp-specialized with the stage released after the last
+            # read of its TMA buffers only, while the plainly copied x, g_in, coef and h_pre of
+            # that stage are still read (a race once a split has 3 or more tiles)
+            for it in _tile_loop(per, p.col_stages, tma):
                 t0 = (bs * per + it) * BT2
                 if BD >= 32 and NX == 1:
                     for k in list(range(n)):
@@ -410,10 +436,7 @@ def bwd_col_kernel(n: int, D: int, dtype: str, tma: bool = True):
                         xs[i, c] = T.if_then_else(t0 + i < Tn, x[xrow, xcol], T.cast(0, dtype))
                 _copy(g_in[t0, d0], gs, tma)
                 if p.stage_dm:
-                    # left TMA-eligible even with tma=False: TileLang's plain cp.async pipeline over
-                    # this dynamic-extent loop fails in CUDA codegen ("Downcast from tirx.Sub to
-                    # ir.IntImm") when no copy of the loop goes through TMA
-                    _copy(dhm[t0, 0], dm_s, True)
+                    _copy(dhm[t0, 0], dm_s, tma)
                 _copy(coef[t0], cf_s, tma)
                 _copy(h_pre[t0, 0], hp_s, tma)
                 for i, m in T.Parallel(BT2, MF):
