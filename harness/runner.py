@@ -206,8 +206,16 @@ def run(
     pool = [_Worker(i, device, g, plugins, threads) for i, g in enumerate(gpus)]
     for w in pool:
         w.group = []
+    # Out of memory while other workers share the GPU says little about the backend: such cells are
+    # run again at the end, one worker per GPU, and only that second result is reported.
+    shared = len(gpus) > len(set(gpus)) and gpus[0] is not None
+    retry: list[Task] = []
 
     def finish(w: _Worker, cell: dict) -> None:
+        if shared and w.task is not None and is_oom(cell):
+            retry.append(w.task)
+            w.task = None
+            return
         cell["worker"] = w.slot if w.gpu is None else f"gpu{w.gpu}"
         w.cells += 1
         results.append(cell)
@@ -280,7 +288,15 @@ def run(
         w.proc.join(10)
         if w.proc.is_alive():
             w.kill()
+    if retry:
+        print(f"{len(retry)} cell(s) ran out of memory on a shared GPU; running them again, one worker per GPU",
+              flush=True)
+        results += run(Plan(tasks=retry), plugins, on_cell, len(set(gpus)), timeout, startup_timeout)
     return results
+
+
+def is_oom(cell: dict) -> bool:
+    return cell.get("status") == "ERROR" and str(cell.get("error", "")).startswith("OutOfMemoryError")
 
 
 def per_worker_counts(results: list[dict]) -> dict[str, int]:

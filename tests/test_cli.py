@@ -166,3 +166,21 @@ def test_illegal_memory_access_is_a_crash_cell_and_the_sweep_goes_on(tmp_path: P
     by = {c["backend"]: c for c in data["cells"]}
     assert by["illegal-access"]["status"] == "CRASH", by["illegal-access"]
     assert by["golden"]["status"] == "PASS"
+
+
+def test_out_of_memory_cells_are_recognised_for_a_lone_rerun():
+    # a cell that ran out of memory while workers shared a GPU is run again alone (harness/runner.py)
+    import torch
+
+    from harness.cell import safe_run_cell
+    from harness.registry import Backend, get_operator
+    from harness.runner import is_oom
+
+    def oom(**kw):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8 GiB")
+
+    op = get_operator("softmax_xent")
+    b = Backend(operator="softmax_xent", name="oom", impl=oom)
+    cell = safe_run_cell(op, b, op.cases("smoke", "cpu")[0], "float32", "cpu")
+    assert cell["status"] == "ERROR" and is_oom(cell)
+    assert not is_oom({**cell, "error": "RuntimeError: boom"})
