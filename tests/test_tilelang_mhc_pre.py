@@ -18,8 +18,11 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("tilelang") is None, reason="tilelang is not installed here"),
 ]
 
-# (name, case params, dtype): n in {1, 3, 4, 8}, D in {7, 100, 4096, 7168} (odd D takes the plain
-# cp.async pipelines, D % 64 == 0 the TMA ones), T not a multiple of the token tiles (4097),
+# (name, case params, dtype): n in {1, 3, 4, 8}, D in {7, 100, 1000, 4096, 7168} (odd D takes the
+# plain cp.async pipelines, D % 64 == 0 the TMA ones; bwd_col is a TMA pipeline only where all its
+# copies can be TMA, as planned today bf16 with n = 4, and a plain loop elsewhere), T not a
+# multiple of the token tiles (4097), splits of bwd_col with 3 or more token tiles on the plain
+# loop (T = 4097 and 16384 with odd D: where a stage reused while still read would show),
 # non-contiguous x and upstream gradients, absent gamma, the paper's alpha init, all three dtypes
 CASES = [
     ("n4-D4096-T4097", dict(B=1, S=4097, n=4, D=4096), "bfloat16"),
@@ -32,6 +35,8 @@ CASES = [
     ("n8-D4096-T300-xpad-gT", dict(B=2, S=150, n=8, D=4096, layout="pad", grad_layout="perm:1,0,2"), "bfloat16"),
     ("n4-D7168-T512", dict(B=2, S=256, n=4, D=7168), "bfloat16"),
     ("n3-D100-T127", dict(B=1, S=127, n=3, D=100), "float16"),
+    ("n4-D1000-T4097", dict(B=1, S=4097, n=4, D=1000), "bfloat16"),
+    ("n3-D100-T16384", dict(B=1, S=16384, n=3, D=100), "float32"),
 ]
 
 

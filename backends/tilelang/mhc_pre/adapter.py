@@ -17,5 +17,6 @@ register_backend(Backend(
                 "bf16 pieces: float32-accurate products) + sum of squares, coefficients, then h_in "
                 "(x read twice); backward = per-token scalars with dh_pre, then dx and dphi partials "
                 "per (D slice of all streams, token split), fixed-order reductions; long tensor-core "
-                "reductions restart per tile (float32 adds across tiles); TMA pipelines only where "
-                "D % 64 == 0"))
+                "reductions restart per tile (float32 adds across tiles), products of pieces summed "
+                "smallest first; TMA pipelines only where D % 64 == 0 (bwd_col: only where all "
+                "its copies can be TMA, as planned bf16 with n = 4; a plain loop elsewhere)"))
