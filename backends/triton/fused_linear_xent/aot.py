@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import kernels as K
-from .wrapper import GPU, GPU_FP32, Gemm
+from .wrapper import GPU, GPU_F16, GPU_FP32, Gemm
 
 _PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 _DATA = {"h_ptr", "w_ptr", "b_ptr", "dz_ptr", "out_ptr", "dst_ptr"}
@@ -44,7 +44,7 @@ def _target(name: str, fn, dtype: torch.dtype, constexprs: dict, ones: tuple[str
 
 
 def _cfg(dtype: torch.dtype):
-    return GPU_FP32 if dtype == torch.float32 else GPU
+    return GPU_FP32 if dtype == torch.float32 else GPU_F16 if dtype == torch.float16 else GPU
 
 
 def _coef(rows: bool, scaled: bool, glse: bool) -> dict:
@@ -59,10 +59,12 @@ def aot_targets() -> list[dict]:
     out = []
     for dt in (bf, f32, f16):
         out.append(_target("logits-z", K._logits_kernel, dt,
-                           dict(HAS_BIAS=True, SOFTCAP=dt == bf, STORE_Z=True, EVEN_K=True, PREC="ieee"),
+                           dict(HAS_BIAS=True, SOFTCAP=dt == bf, STORE_Z=True, EVEN_K=True, PREC="ieee",
+                                KS=_cfg(dt).logits.ksplit),
                            ("s_hk", "s_wk", "s_b", "s_y"), _cfg(dt).logits))
     out.append(_target("logits-stats", K._logits_kernel, bf,
-                       dict(HAS_BIAS=False, SOFTCAP=False, STORE_Z=False, EVEN_K=False, PREC="ieee"),
+                       dict(HAS_BIAS=False, SOFTCAP=False, STORE_Z=False, EVEN_K=False, PREC="ieee",
+                            KS=GPU.logits.ksplit),
                        ("s_hk", "s_wk", "s_y"), GPU.logits))
     out.append(_target("row-stats", K._row_stats_kernel, f32, dict(BR=16, BT=64), ("s_y",)))
     for norm in (False, True):

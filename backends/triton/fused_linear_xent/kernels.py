@@ -40,12 +40,21 @@ def _n_tiles(M, N, BM: tl.constexpr, BN: tl.constexpr):
 
 @triton.jit
 def _mm(a_ptr, b_ptr, rm, rn, M, N, K, s_am, s_ak, s_bk, s_bn, acc,
-        BK: tl.constexpr, KGAP: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr):
+        BK: tl.constexpr, KGAP: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr, KS: tl.constexpr = 0):
     """acc += A[rm, :K] @ B[:K, rn] with float32 accumulation; A's K index may carry dZ gaps.
 
     float32 operands: ieee dots are FMA chains, and one chain over K = V (~1e5 terms) would carry
     sqrt(K) roundings; each BK tile is summed on its own and added to a mid accumulator flushed
-    every KMID tiles, so the longest chain is BK + KMID + K / (BK * KMID) additions.
+    every KMID tiles, so the longest chain is BK + KMID + K / (BK * KMID) additions. The tile's
+    partial is added with an fma(x, 1, y) (one rounding, as an add): Triton's combiner rewrites
+    ``y + dot(a, b)`` into ``dot(a, b, y)``, which would make the mid accumulator the dot's and
+    the chain KMID * BK long again (seen on an H200: fp32 dhidden at 1.13x its rms bound, V=1025).
+
+    16-bit operands: tensor-core dots (wgmma) chain the accumulator through every K step, and
+    Hopper adds each MMA's products into it truncated, not rounded to nearest: the bias grows with
+    the number of steps times ulp(acc). KS > 0 splits the chain: KS tiles go into a fresh mid
+    accumulator, added to acc in float32 with round-to-nearest (for the logits, whose fp32 loss and
+    LSE see that bias: fp16 loss at N=1, H=4096 was at 1.0x its bound).
     """
     rk = tl.arange(0, BK)
     a_rows = a_ptr + rm.to(tl.int64)[:, None] * s_am
@@ -58,7 +67,14 @@ def _mm(a_ptr, b_ptr, rm, rn, M, N, K, s_am, s_ak, s_bk, s_bn, acc,
             mid = tl.zeros_like(acc)
             for k0 in range(k1, tl.minimum(k1 + BK * KMID, K), BK):
                 a, b = _mm_load(a_rows, b_cols, rk, k0, K, s_ak, s_bk, mask_m, mask_n, KGAP, EVEN_K)
-                mid += tl.dot(a, b, input_precision=PREC)
+                mid = tl.fma(tl.dot(a, b, input_precision=PREC), 1.0, mid)
+            acc += mid
+    elif KS > 0:
+        for k1 in range(0, K, BK * KS):
+            mid = tl.zeros_like(acc)
+            for k0 in range(k1, tl.minimum(k1 + BK * KS, K), BK):
+                a, b = _mm_load(a_rows, b_cols, rk, k0, K, s_ak, s_bk, mask_m, mask_n, KGAP, EVEN_K)
+                mid = tl.dot(a, b, mid, input_precision=PREC)
             acc += mid
     else:
         for k0 in range(0, K, BK):
@@ -150,15 +166,15 @@ def _logits_kernel(h_ptr, w_ptr, b_ptr, y_ptr, z_ptr, pm_ptr, ps_ptr, pz_ptr, zy
                    HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, STORE_Z: tl.constexpr,
                    EVEN_K: tl.constexpr, PREC: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
-                   FLAT: tl.constexpr):
+                   FLAT: tl.constexpr, KS: tl.constexpr):
     """Logits tile z = h @ W^T (+ bias, softcap): per-row max, sum-exp and sum of z over the tile,
-    the target logit, and (fast mode) the float32 logits themselves."""
+    the target logit, and (fast mode) the float32 logits themselves. KS: see _mm (split chain)."""
     for tile in tl.range(tl.program_id(0), _n_tiles(T, V, BM, BN), tl.num_programs(0), flatten=FLAT):
         pid_m, pid_n = _tile_ids(tile, T, V, BM, BN, GROUP)
         rm = pid_m * BM + tl.arange(0, BM)
         rn = pid_n * BN + tl.arange(0, BN)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, 0, EVEN_K, PREC)
+        acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, 0, EVEN_K, PREC, KS)
         z = _logits(acc, b_ptr, rn, V, s_b, cap, HAS_BIAS, SOFTCAP)
         rmask = rm < T
         cmask = rn < V
@@ -318,7 +334,8 @@ def _dw_kernel(dz_ptr, h_ptr, acc_ptr, out_ptr, g_ptr, den_ptr, V, H, T, s_dzt, 
         mask = (rm[:, None] < V) & (rn[None, :] < H)
         offs = rm.to(tl.int64)[:, None] * s_acc + rn[None, :]
         if MODE == 1:
-            # the running sum is read before the main loop, which hides the read's latency
+            # the running sum is read before the main loop, which hides the read's latency (adding
+            # it after the loop, in float32 round-to-nearest, measured 3% slower on an H200)
             acc = tl.load(acc_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         else:
             acc = tl.zeros((BM, BN), dtype=tl.float32)

@@ -15,7 +15,7 @@ Two modes (specs/xent.md, "two honest designs"):
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -38,6 +38,7 @@ class Gemm:
     warps: int = 8
     stages: int = 3
     persistent: bool = False  # grid = SM count, tiles looped in one flattened pipeline (an option)
+    ksplit: int = 0  # logits: K tiles per tensor-core accumulator chain, 0 = one chain (kernels._mm)
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,18 @@ INTERPRETER = Config(chunk=16, slab=256, vblock=128, rows=16, logits=Gemm(16, 12
                      ldw=Gemm(128, 16, 16, 1), ldh=Gemm(16, 16, 64, 2))
 # Picked on an H200 at N=8192, H=4096, V=128256 (bf16) from interleaved timings of the whole pass;
 # persistent grids were slower there (the dweight kernel's running-sum read then stalls each tile).
+# Per-kernel do_bench at one 2048-token chunk (H200, triton 3.6): logits 128x256x64 w8 s3 3.96 ms
+# (s4 4.10, 256x128 4.17, 128x128 4.61); dweight (running-sum mode) 128x256x64 G8 w8 s4 4.40 ms
+# (256x128x64 G1 w8 s3 4.55); dhidden 128x256x64 G8 w8 s3 3.15 ms (128x128 3.91, 256x128 3.65).
 GPU = Config(chunk=2048, slab=8192, vblock=256, rows=16, logits=Gemm(128, 256, 64, 16),
-             dw=Gemm(256, 128, 64, 1), dh=Gemm(128, 256, 64, 8), dzg=Gemm(128, 256, 64, 8),
+             dw=Gemm(128, 256, 64, 8, 8, 4), dh=Gemm(128, 256, 64, 8), dzg=Gemm(128, 256, 64, 8),
              ldw=Gemm(128, 256, 64, 1), ldh=Gemm(128, 256, 64, 8))
+# float16: the logits' tensor-core chain is split every 16 K tiles (kernels._mm, KS): Hopper's MMA
+# truncates its accumulation, and with fp16's finer inputs that bias alone put the float32 loss at
+# 1.0x its bound (N=1, H=4096, V=128256: error 5.66e-6 with one chain, 8.9e-7 split). Two float32
+# accumulators need the smaller 128x128 tile: the logits pass is ~20% slower (4.84 vs 3.96 ms a
+# chunk), so bfloat16 (error 3.9e-6 there, 0.71x its bound) keeps the single chain for speed.
+GPU_F16 = replace(GPU, logits=Gemm(128, 128, 64, 16, 8, 4, ksplit=16))
 # float32 operands: ieee dots run on the FMA units, where small tiles do as well and fit the registers
 _F32 = Gemm(64, 64, 32, 8, 4, 3)
 GPU_FP32 = Config(chunk=2048, slab=8192, vblock=256, rows=16, logits=_F32, dw=_F32, dh=_F32, dzg=_F32,
@@ -73,7 +83,7 @@ GPU_FP32 = Config(chunk=2048, slab=8192, vblock=256, rows=16, logits=_F32, dw=_F
 def default_config(device: torch.device, dtype: torch.dtype) -> Config:
     if device.type != "cuda":
         return INTERPRETER
-    return GPU_FP32 if dtype == torch.float32 else GPU
+    return GPU_FP32 if dtype == torch.float32 else GPU_F16 if dtype == torch.float16 else GPU
 
 
 @dataclass
@@ -147,7 +157,7 @@ def _logits(h, W, b, y, z, st, o: _Opts, cfg: Config) -> None:
     _launch(K._logits_kernel, _grid(T, V, g, h.device), g, h, W, _or(b, pm), y, _or(z, pm), pm, ps, pz, zy,
             T, V, H, h.stride(0), h.stride(1), W.stride(0), W.stride(1), _s0(b), y.stride(0), _s0(z), pm.stride(0),
             float(o.cap or 1.0), HAS_BIAS=b is not None, SOFTCAP=o.cap is not None, STORE_Z=z is not None,
-            EVEN_K=H % g.BK == 0, PREC=PREC)
+            EVEN_K=H % g.BK == 0, PREC=PREC, KS=g.ksplit)
 
 
 def _row_stats(st, y, lse, lt, V: int, o: _Opts) -> None:
