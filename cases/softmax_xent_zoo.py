@@ -13,7 +13,7 @@ SEED = "cuda-softmax-xent-kahan-fix.md"
 # The seed's first kernel: one thread per vocabulary entry. For V > 1024 the launch is an invalid
 # configuration and nothing runs; the launcher returns that error and the wrapper raises. For
 # V <= 1024 the grid-stride loops and the partial-warp reductions keep it correct (the real kernel
-# uses 512 threads; V = 1000 gives a last warp of 8 threads).
+# uses 256 threads; V = 1000 gives a last warp of 8 threads).
 register_mutant(Mutant(
     id="xent-block-eq-vocab", operator="softmax_xent", backend="cuda", seed=SEED,
     edits=(("softmax_xent.cu", "int threads = g_block;", "int threads = (int)V;"),),
@@ -26,9 +26,10 @@ register_mutant(Mutant(
 
 # The vectorization remainder: the scalar tail after the last 16-byte vector of a row is dropped.
 # fp32 rows of V = 1025 end in 0-3 tail elements (rows are 4100 bytes, so the alignment shifts by
-# row): the loss misses their exp terms and dlogits keeps the NaN poison in columns 1022-1024 (vocab
-# blocks 1 and 2 of BLOCK_V = 512); the missing exp terms shift every row's LSE, so block 0 is wrong
-# too (measured on an H200: vocab blocks 0-2 of 3 bad). V = 1024 fp32 rows are whole vectors.
+# row): the loss misses their exp terms and dlogits keeps the NaN poison in columns 1022-1024 (the
+# last vocab blocks of BLOCK_V); the missing exp terms shift every row's LSE, so every block is wrong
+# (measured on an H200 with BLOCK_V = 512: vocab blocks 0-2 of 3 bad). V = 1024 fp32 rows are whole
+# vectors.
 register_mutant(Mutant(
     id="xent-vector-tail-dropped", operator="softmax_xent", backend="cuda",
     seed="project: vectorized row loops",
