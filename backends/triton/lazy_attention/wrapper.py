@@ -51,22 +51,26 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
         return {"fwd": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_L": 32, "num_warps": 4, "num_stages": 1},
                 "dq": {"BLOCK": 32, "BLOCK_D": 32, "BLOCK_F": 32, "num_warps": 4, "num_stages": 1},
                 "dkdv": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}}[kernel]
-    # 16-bit inputs (Hopper, wgmma): the fastest of a sweep at B=4, H=16, L=4096, W=512 on an H200
-    # (.scratch sweep, each kernel timed alone with do_bench, outputs checked against the previous config).
-    # Dh=128 (ms): fwd 128x64 (LSE pass 128-key blocks), 8 warps, 2 stages 1.75 vs 1.82 for 64-key LSE
-    # blocks and 3 stages; 4-warp 64-row tiles 2.15-2.26; 128x128 tiles 1.95 (3+ stages overflow shared
-    # memory). dq: 64-row tiles with 4 warps 3.43-3.44, 128-key Delta blocks 3.57-3.70, 4 stages 3.74,
-    # 128-row tiles overflow shared memory. dk/dv: 64x128 with 8 warps 2.34; 4 warps 6.1-9.3 (register
-    # spills), 64x64 3.5, 128x64 3.06. Dh=64: fwd 64x64 tiles with 4 warps 1.26 vs 1.54 for 128x64;
-    # dq and dk/dv as for Dh=128 (dq 1.81 vs 2.6-2.8 for wider blocks; dk/dv 1.47 vs 1.76-2.4).
-    # Dh=16/32 take the Dh=64 settings (not swept: far from the bench shape's cost).
+    # 16-bit inputs (Hopper, wgmma): the fastest of two sweeps at B=4, H=16, L=4096, W=512 on an H200
+    # (.scratch sweep, each kernel timed alone with triton.testing.do_bench, outputs checked against the
+    # previous config's). Dh=128 (ms):
+    #   fwd 128x64 (LSE pass in 128-key blocks), 8 warps, 2 stages 1.75; 64-key LSE blocks, 3 stages 1.82;
+    #     1 stage 1.76; 4-warp 64-row tiles 2.15-2.26; 128x128 tiles 1.95 (3+ stages overflow shared memory).
+    #   dq 128-row tiles, 8 warps, 1 stage 3.10; 64-row tiles with 4 warps, 3 stages 3.44 (2 or 4 stages, or
+    #     128-key Delta/far blocks 3.43-3.74); 64-row tiles with 8 warps 3.80-4.33; 128-row tiles with 2+
+    #     stages overflow shared memory.
+    #   dk/dv 64x128 (queries x keys), 8 warps, 1 stage 1.87; 2 stages 2.33; 3 stages 2.39; 32x128 2.6;
+    #     4 warps 6.1-9.3 (register spills); 64x64 3.5-3.8; 128x64 3.06.
+    # Dh=64: fwd 64x64 tiles with 4 warps 1.26 vs 1.54 for 128x64; dq 64-row tiles, 4 warps 1.81 vs 2.6-2.8
+    # for wider blocks (128-row, 2 stages included); dk/dv 64x128, 8 warps, 2 stages 1.47 vs 1.76-2.4
+    # (1-stage dq/dk/dv configs not measured at Dh=64). Dh=16/32 take the Dh=64 settings (not swept).
     if dh <= 64:
-        fwd = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_L": 128, "num_warps": 4, "num_stages": 3}
-    else:
-        fwd = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_L": 128, "num_warps": 8, "num_stages": 2}
-    return {"fwd": fwd,
-            "dq": {"BLOCK": 64, "BLOCK_D": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
-            "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}}[kernel]
+        return {"fwd": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_L": 128, "num_warps": 4, "num_stages": 3},
+                "dq": {"BLOCK": 64, "BLOCK_D": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
+                "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}}[kernel]
+    return {"fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_L": 128, "num_warps": 8, "num_stages": 2},
+            "dq": {"BLOCK": 128, "BLOCK_D": 64, "BLOCK_F": 64, "num_warps": 8, "num_stages": 1},
+            "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 1}}[kernel]
 
 
 def _precision(dtype: torch.dtype) -> str:
