@@ -87,6 +87,9 @@ def aot_targets() -> list[dict]:
         out.append(_target(f"dw-mode{mode}-gap{g}", K._dw_kernel, dt,
                            dict(MODE=mode, APPLY_G=fold, GAP=g, EVEN_K=True, PREC="ieee"), ("s_hk",),
                            _cfg(dt).ldw if mode == 2 else _cfg(dt).dw))
+    # a one-token chunk (T specialized to 1) takes the small dweight tile: its shared memory differs
+    out.append(_target("dw-mode0-gap256-T1", K._dw_kernel, bf,
+                       dict(MODE=0, APPLY_G=False, GAP=gap, EVEN_K=False, PREC="ieee"), ("s_hk", "T"), GPU.dw_small))
     for dt, mode, g, fold in ((bf, 0, gap, True), (bf, 2, gap, True), (bf, 1, 0, False), (bf, 3, 0, True),
                               (f16, 0, gap, True), (f32, 0, 0, True)):
         out.append(_target(f"dh-mode{mode}-gap{g}", K._dh_kernel, dt,

@@ -53,6 +53,7 @@ class Config:
     dzg: Gemm  # lean: logits of a slab straight into dZ
     ldw: Gemm  # lean: dweight slab = dZ^T h over all tokens
     ldh: Gemm  # lean: dhidden += dZ W_slab
+    dw_small: Gemm | None = None  # fast dweight of a chunk shorter than one K step (see GPU)
 
 
 # Interpreter blocks are small so that the CPU sizes of the tests and presets span several of each.
@@ -67,7 +68,10 @@ INTERPRETER = Config(chunk=16, slab=256, vblock=128, rows=16, logits=Gemm(16, 12
 # (256x128x64 G1 w8 s3 4.55); dhidden 128x256x64 G8 w8 s3 3.15 ms (128x128 3.91, 256x128 3.65).
 GPU = Config(chunk=2048, slab=8192, vblock=256, rows=16, logits=Gemm(128, 256, 64, 16),
              dw=Gemm(128, 256, 64, 8, 8, 4), dh=Gemm(128, 256, 64, 8), dzg=Gemm(128, 256, 64, 8),
-             ldw=Gemm(128, 256, 64, 1), ldh=Gemm(128, 256, 64, 8))
+             ldw=Gemm(128, 256, 64, 1), ldh=Gemm(128, 256, 64, 8), dw_small=Gemm(256, 128, 64, 1, 8, 3))
+# dw_small: a chunk of one token makes Triton specialize T = 1, and that build of the 128x256 s4
+# dweight kernel wants 320 KB of shared memory (sm_90 allows 227 KB; seen as OutOfResources at
+# N=1 on an H200); the 256x128 s3 tile needs 208 KB there. Used for chunks shorter than dw.BK.
 # float16: the logits' tensor-core chain is split every 16 K tiles (kernels._mm, KS): Hopper's MMA
 # truncates its accumulation, and with fp16's finer inputs that bias alone put the float32 loss at
 # 1.0x its bound (N=1, H=4096, V=128256: error 5.66e-6 with one chain, 8.9e-7 split). Two float32
@@ -232,7 +236,8 @@ def _chunks(h, W, b, y, o: _Opts, cfg: Config, lse, lt, gr: _Grad | None = None,
                 lse[t0:], *ptrs, _or(dbp, z), c, V, z.stride(0), dz.stride(0), yc.stride(0), *strides,
                 _s0(dbp), *o.row_args(V), SOFTCAP=o.cap is not None, HAS_BIAS=b is not None,
                 GAPPED=gap > 0, BR=cfg.rows, BV=cfg.vblock, num_warps=4, **flags)
-        _dw(dz, gap, hc, dw, None, None, 0 if t0 == 0 else 1, cfg.dw)
+        gdw = cfg.dw_small if cfg.dw_small is not None and c < cfg.dw.BK else cfg.dw
+        _dw(dz, gap, hc, dw, None, None, 0 if t0 == 0 else 1, gdw)
         _dh(dz, gap, W, dh[t0:t0 + c] if dh_mode == 0 else None, dh[t0:t0 + c] if dh_mode == 2 else None,
             gr, dh_mode, cfg.dh)
         if b is not None:
