@@ -13,7 +13,10 @@ long reductions (forward over nD, dphi over tokens) restart from zero on every t
 with round-to-nearest float32 adds.
 
 Pipelines: where D % 64 == 0 the tile copies may lower to TMA (TileLang then warp-specializes);
-elsewhere they are plain cp.async pipelines (use_tma).
+elsewhere they are plain cp.async pipelines (use_tma). bwd_col pipelines only where every copy of
+its loop is a TMA copy (col_pipelined: bf16, n = 4 as planned) and runs a plain serial loop
+elsewhere: TileLang warp-specializes a loop with one TMA copy among plain ones and releases each
+stage after the last read of its TMA buffers only (a race on the plainly copied tiles).
 
 Kernels (all reductions over tokens write per-block partials summed in a fixed order: deterministic):
   prep      phi, gamma -> P = pieces(phi*gamma), Q = pieces(phi), each [3*Mp, nD] bf16
