@@ -122,6 +122,27 @@ def render_markdown(op: str, cells: list[dict], runs: dict[str, dict]) -> str:
         ]
         if latest.get("command"):
             lines += [f"Command: `{latest['command']}`", ""]
+    latest_id = latest.get("run_id")
+    from_runs: dict[Any, int] = {}
+    for c in cells:
+        from_runs[c.get("run_id")] = from_runs.get(c.get("run_id"), 0) + 1
+    if len(from_runs) > 1:
+        # each cell shows its latest result, so a report can mix runs (an interrupted sweep, a
+        # --case rerun): say which, so an old result is never read as the current code's
+        lines += ["Cells come from several runs (each cell shows its latest result):", ""]
+        for rid, n in sorted(from_runs.items(), key=lambda kv: runs.get(kv[0], {}).get("date", ""), reverse=True):
+            r = runs.get(rid, {})
+            lines.append(f"- {n} cells: commit `{r.get('commit', '?')}`, {r.get('date', '?')}"
+                         + (f", `{r['command']}`" if r.get("command") else "")
+                         + (" (latest)" if rid == latest_id else ""))
+        lines.append("")
+
+    def earlier(c: dict) -> str:
+        if len(from_runs) < 2 or c.get("run_id") == latest_id:
+            return ""
+        r = runs.get(c.get("run_id"), {})
+        return f" [earlier run: commit `{r.get('commit', '?')}`, {r.get('date', '?')}]"
+
     lines += [
         "## Summary",
         "",
@@ -147,6 +168,7 @@ def render_markdown(op: str, cells: list[dict], runs: dict[str, dict]) -> str:
                 f"- **{c['backend']} / {c['dtype']} / {c['case']['name']}**: {shown_status(c)}"
                 + (f" (declared: {c['expected_gap']})" if c.get("expected_gap") else "")
                 + (f" — {c['error'].splitlines()[0][:300]}" if c.get("error") else "")
+                + earlier(c)
             )
             for r in c.get("components", []):
                 if r["verdict"] != "PASS":
