@@ -8,6 +8,7 @@ fractions and ratios never mix devices.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -104,10 +105,27 @@ def kernel_breakdown(fn: Callable[[], Any], iters: int = 3, top: int = 8) -> lis
     return rows[:top]
 
 
-def measure(
-    op: OperatorSpec, b: registry.Backend, case: Case, dtype: torch.dtype, device: str, reps: int = 0,
-    profile: bool = False,
+def cases_for(op: OperatorSpec, device: str) -> list[Case]:
+    """The operator's bench cases on a GPU; elsewhere its first smoke case (production shapes would take
+    hours on a CPU, where the figures only show that the path works)."""
+    if device.startswith("cuda") and op.bench_cases:
+        return op.bench_cases("cuda")
+    return op.cases("smoke", device.split(":")[0])[:1]
+
+
+def cpu_interpret(device: str) -> None:
+    """Triton backends run on CPU tensors only under the interpreter, which must be chosen before their
+    kernels are first imported (benchmarks run in-process, unlike conformance cells)."""
+    if device.startswith("cpu"):
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def bench_calls(
+    op: OperatorSpec, b: registry.Backend, case: Case, dtype: torch.dtype, device: str
 ) -> dict[str, Any]:
+    """The timed callables of one backend on one case: forward, backward_only, fwd_bwd (None without
+    gradients), plus the ``forward_nograd`` of an autograd backend and ``clear`` to drop the held graph.
+    Shared by ``harness bench`` and the pytest-benchmark items."""
     inputs = gen_inputs(op, case, dtype, 0, device)
     contract = output_contract(op, inputs.tensors)
     fwd_fn, bwd_fn = b.resolve()
@@ -148,8 +166,27 @@ def measure(
         ps = [(o[n], grads[n]) for n in op.graded_outputs if n in o and n in grads and o[n].requires_grad]
         return torch.autograd.grad([x for x, _ in ps], list(leaves.values()), [g for _, g in ps], allow_unused=True)
 
-    with torch.no_grad():
-        fwd_ms_nograd = timeit(lambda: fwd_fn(**inputs.tensors, **opts), reps) if bwd_fn is None else None
+    def forward_nograd():
+        with torch.no_grad():
+            return fwd_fn(**inputs.tensors, **opts)
+
+    has_grad = bool(st["pairs"]) or bwd_fn is not None
+    return {
+        "forward": forward,
+        "forward_nograd": forward_nograd if bwd_fn is None else None,
+        "backward_only": backward_only if has_grad else None,
+        "fwd_bwd": fwd_bwd if has_grad else None,
+        "clear": st.clear,
+    }
+
+
+def measure(
+    op: OperatorSpec, b: registry.Backend, case: Case, dtype: torch.dtype, device: str, reps: int = 0,
+    profile: bool = False,
+) -> dict[str, Any]:
+    calls = bench_calls(op, b, case, dtype, device)
+    forward, fwd_bwd = calls["forward"], calls["fwd_bwd"]
+    fwd_ms_nograd = timeit(calls["forward_nograd"], reps) if calls["forward_nograd"] else None
     row: dict[str, Any] = {
         "backend": b.name,
         "role": b.role,
@@ -159,13 +196,13 @@ def measure(
     }
     row["fwd_ms"] = timeit(forward, reps)
     row["fwd_nograd_ms"] = fwd_ms_nograd
-    has_grad = bool(st["pairs"]) or bwd_fn is not None
+    has_grad = fwd_bwd is not None
     if has_grad:
-        row["bwd_ms"] = timeit(backward_only, reps)
+        row["bwd_ms"] = timeit(calls["backward_only"], reps)
         row["fwd_bwd_ms"] = timeit(fwd_bwd, reps)
     if profile and device.startswith("cuda"):
         row["kernels"] = kernel_breakdown(fwd_bwd if has_grad else forward)
-    st.clear()
+    calls["clear"]()
     if device.startswith("cuda"):
         _sync()
         torch.cuda.empty_cache()
@@ -188,6 +225,7 @@ def run_bench(
     profile: bool = False,
 ) -> int:
     ops = registry.resolve_kernels(kernels)
+    cpu_interpret(device)
     prov = run_provenance(device)
     bw = copy_bandwidth(device)
     tf = gemm_tflops(device)
@@ -195,7 +233,7 @@ def run_bench(
     status = 0
     for op_name in ops:
         op = registry.get_operator(op_name)
-        cases = op.bench_cases(device.split(":")[0]) if op.bench_cases else op.cases("smoke", "cpu")[:1]
+        cases = cases_for(op, device)
         chosen = [b for b in registry.backends(op_name) if not backends or b.name in backends]
         dts = (
             [dtype_of(d) for d in dtypes]

@@ -29,6 +29,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--harness-report", default=None, help="also write cells to this report directory")
     g.addoption("--harness-plugin", action="append", default=[], help="adapter file or module (repeatable)")
     g.addoption("--harness-timeout", type=float, default=300.0, help="seconds per cell")
+    g.addoption("--harness-bench", action="store_true",
+                help="collect pytest-benchmark items: forward+backward of each backend on its operator's "
+                     "bench cases (smoke-sized on CPU); keep history with --benchmark-autosave")
 
 
 def _register_hypothesis_profiles() -> None:
@@ -81,7 +84,42 @@ def _gpu_for_xdist_worker() -> int | None:
     return int(wid[2:]) % n if n else None
 
 
+def _bench_params(cfg: pytest.Config) -> tuple[list, list[str]]:
+    """(operator, backend, case, dtype, device) per pytest-benchmark item, as `harness bench` picks them."""
+    from .bench import cases_for
+
+    device = _device(cfg)
+    gpu = device.startswith("cuda")
+    wanted = as_list(cfg.getoption("--backend")) or None
+    dtypes = as_list(cfg.getoption("--harness-dtype")) or ["bfloat16" if gpu else "float32"]
+    params, ids = [], []
+    for op_name in registry.resolve_kernels(as_list(cfg.getoption("--kernel"))):
+        op = registry.get_operator(op_name)
+        cases = cases_for(op, device)
+        for b in registry.backends(op_name):
+            if wanted and b.name not in wanted:
+                continue
+            for case in cases:
+                for dt in dtypes:
+                    why = b.unavailable(device) or (None if dt in b.dtypes else f"dtype {dt} not supported")
+                    marks = [pytest.mark.skip(reason=f"{b.name}: {why}")] if why else []
+                    params.append(pytest.param((op_name, b.name, case, dt, device), marks=marks))
+                    ids.append(f"{op_name}-{b.name}-{dt}-{case.name}")
+    return params, ids
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "harness_bench_cell" in metafunc.fixturenames:
+        cfg = metafunc.config
+        if not cfg.getoption("--harness-bench"):
+            off = pytest.param(None, marks=pytest.mark.skip(reason="benchmarks run with --harness-bench"))
+            metafunc.parametrize("harness_bench_cell", [off], ids=["off"])
+            return
+        for p in cfg.getoption("--harness-plugin"):
+            registry.load_plugin(p)
+        params, ids = _bench_params(cfg)
+        metafunc.parametrize("harness_bench_cell", params, ids=ids)
+        return
     if "harness_cell" not in metafunc.fixturenames:
         return
     cfg = metafunc.config
@@ -177,3 +215,30 @@ def test_conformance(
         w.append(cell)
     if cell["status"] != "PASS":
         pytest.fail(format_failure(cell), pytrace=False)
+
+
+def test_benchmark(harness_bench_cell: tuple, benchmark) -> None:
+    """pytest-benchmark item: one forward+backward (forward only without gradients) per round, synced.
+
+    In-process (the benchmark fixture times this process), so a crashing kernel ends the session:
+    run conformance first. Shapes, dtypes and backends follow `harness bench`.
+    """
+    from .bench import _sync, bench_calls, cpu_interpret
+    from .provenance import device_class
+    from .spec import dtype_of
+
+    op_name, backend, case, dtype, device = harness_bench_cell
+    cpu_interpret(device)
+    calls = bench_calls(registry.get_operator(op_name), registry.get_backend(op_name, backend), case,
+                        dtype_of(dtype), device)
+    fn = calls["fwd_bwd"] or calls["forward"]
+
+    def once() -> None:
+        fn()
+        _sync()
+
+    benchmark.extra_info.update(operator=op_name, backend=backend, case=case.name, dtype=dtype,
+                                device_class=device_class(device),
+                                timed="forward+backward" if calls["fwd_bwd"] else "forward")
+    benchmark(once)
+    calls["clear"]()

@@ -184,3 +184,28 @@ def test_out_of_memory_cells_are_recognised_for_a_lone_rerun():
     cell = safe_run_cell(op, b, op.cases("smoke", "cpu")[0], "float32", "cpu")
     assert cell["status"] == "ERROR" and is_oom(cell)
     assert not is_oom({**cell, "error": "RuntimeError: boom"})
+
+
+def test_pytest_benchmark_items_record_history(tmp_path: Path):
+    out = tmp_path / "bench.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "tests/test_benchmarks.py", "--harness-bench", "--kernel", "mhc",
+         "--backend", "golden", "--harness-device", "cpu", f"--benchmark-json={out}", "-p", "no:cacheprovider"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads(out.read_text())
+    [b] = data["benchmarks"]
+    assert b["extra_info"]["backend"] == "golden" and b["extra_info"]["timed"] == "forward+backward"
+    assert b["stats"]["rounds"] >= 1 and b["stats"]["median"] > 0
+
+
+def test_bench_on_cpu_uses_smoke_shapes_and_writes_the_report(tmp_path: Path):
+    r = harness("bench", "--kernel", "mhc", "--backend", "golden,triton", "--device", "cpu", "--report",
+                str(tmp_path), timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads((tmp_path / "cpu" / "bench-mhc_pre.json").read_text())
+    rows = {row["backend"]: row for row in data["rows"]}
+    # the Triton backend runs interpreted in-process: its row has times, not an error
+    assert rows["golden"]["fwd_bwd_ms"] > 0 and rows["triton"]["fwd_bwd_ms"] > 0, rows
+    assert rows["triton"]["speedup_fwd_bwd"] > 0
