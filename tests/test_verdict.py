@@ -131,3 +131,24 @@ def test_ranges_text():
     assert localize.ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
     assert localize.matches("all-but-first", [1, 2, 3], 4)
     assert not localize.matches("all-but-first", [0, 1, 2, 3], 4)
+
+
+def test_a_report_mixing_runs_names_them_and_tags_earlier_cells(tmp_path):
+    from harness.cell import error_cell
+    from harness.registry import get_operator
+    from harness.report import ReportWriter, load, render_markdown
+
+    op = get_operator("mhc_pre")
+    a, b = op.cases("smoke", "cpu")[:2]
+    old = ReportWriter(tmp_path, "cpu", {"run_id": "r1", "commit": "aaa111", "date": "2026-01-01 00:00 UTC"})
+    old.append(error_cell("mhc_pre", "golden", a, "float32", "cpu", 0, "ERROR", "boom"))
+    old.append(error_cell("mhc_pre", "golden", b, "float32", "cpu", 0, "ERROR", "old failure"))
+    new = ReportWriter(tmp_path, "cpu", {"run_id": "r2", "commit": "bbb222", "date": "2026-02-01 00:00 UTC"})
+    new.append(error_cell("mhc_pre", "golden", a, "float32", "cpu", 0, "ERROR", "fresh failure"))
+    md = render_markdown("mhc_pre", *load(tmp_path / "cpu", "mhc_pre"))
+    assert "Commit `bbb222`" in md and "Cells come from several runs" in md
+    assert "- 1 cells: commit `bbb222`" in md and "- 1 cells: commit `aaa111`" in md
+    fresh = next(line for line in md.splitlines() if "fresh failure" in line)
+    stale = next(line for line in md.splitlines() if "old failure" in line)
+    assert "earlier run" not in fresh and "[earlier run: commit `aaa111`" in stale
+    assert "boom" not in md  # the newer result of the same cell replaces it
