@@ -148,12 +148,13 @@ def _shrink(cell: dict, device: str) -> dict | None:
 
 
 def _hypothesis_tasks(plan, a: argparse.Namespace, device: str) -> list:
+    from . import runner
     from .strategies import sample_cases
 
     extra = []
     for op_name in registry.resolve_kernels(as_list(a.kernel)):
         cases = sample_cases(op_name, device.split(":")[0], a.hypothesis, a.seed)
-        sub = __import__("harness.runner", fromlist=["plan"]).plan(
+        sub = runner.plan(
             [op_name],
             a.sizes,
             as_list(a.backend) or None,

@@ -40,22 +40,9 @@ def _register_hypothesis_profiles() -> None:
     except ImportError:  # pragma: no cover
         return
     # CI: derandomized (replayable), bounded; on demand: --hypothesis-profile=random
-    settings.register_profile(
-        "ci",
-        derandomize=True,
-        max_examples=20,
-        deadline=None,
-        print_blob=True,
-        suppress_health_check=[HealthCheck.too_slow],
-    )
-    settings.register_profile(
-        "random",
-        derandomize=False,
-        max_examples=100,
-        deadline=None,
-        print_blob=True,
-        suppress_health_check=[HealthCheck.too_slow],
-    )
+    for name, derandomize, examples in (("ci", True, 20), ("random", False, 100)):
+        settings.register_profile(name, derandomize=derandomize, max_examples=examples, deadline=None,
+                                  print_blob=True, suppress_health_check=[HealthCheck.too_slow])
     settings.load_profile(os.environ.get("HARNESS_HYPOTHESIS_PROFILE", "ci"))
 
 

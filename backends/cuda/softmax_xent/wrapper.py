@@ -1,7 +1,7 @@
 """softmax_xent on raw CUDA: one autograd.Function over the launchers of softmax_xent.cu.
 
-Mean/sum with a gradient wanted: the forward writes dlogits for an upstream gradient of 1 while the
-row is in shared memory (read logits once, write dlogits once). The backward launches the gradient
+Mean/sum with a gradient wanted: the forward writes dlogits for an upstream gradient of 1 from a
+second read of the row (read logits twice, write dlogits once). The backward launches the gradient
 kernel with ``skip_if_one``: on the device it returns at once when g == 1 (loss.backward()), and
 otherwise recomputes dlogits from the saved (max, log sum) for the actual g (one more read of the
 logits and write of dlogits), so there is no host synchronisation and a single rounding either way.
