@@ -4,10 +4,10 @@ from harness import Backend, register_backend
 from harness.registry import interpreted
 
 _DIR = "backends/triton/fused_linear_xent/"
-# token tile, vocabulary tile (LSE partials, dZ pass, dweight rows), hidden tile of dweight: the
+# token tile, vocabulary tile of the LSE partials, hidden tile of dweight: the
 # logits and dweight GEMM tiles of wrapper.INTERPRETER / wrapper.GPU (tests check they agree)
 BLOCKS = {"BLOCK_N": 16, "BLOCK_V": 128, "BLOCK_H": 16} if interpreted() else \
-    {"BLOCK_N": 128, "BLOCK_V": 256, "BLOCK_H": 256}
+    {"BLOCK_N": 128, "BLOCK_V": 128, "BLOCK_H": 256}
 
 
 for _name, _impl, _desc in (

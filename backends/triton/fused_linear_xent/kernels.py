@@ -70,12 +70,16 @@ def _mm(a_ptr, b_ptr, rm, rn, M, N, K, s_am, s_ak, s_bk, s_bn, acc,
                 mid = tl.fma(tl.dot(a, b, input_precision=PREC), 1.0, mid)
             acc += mid
     elif KS > 0:
-        for k1 in range(0, K, BK * KS):
-            mid = tl.zeros_like(acc)
-            for k0 in range(k1, tl.minimum(k1 + BK * KS, K), BK):
-                a, b = _mm_load(a_rows, b_cols, rk, k0, K, s_ak, s_bk, mask_m, mask_n, KGAP, EVEN_K)
-                mid = tl.dot(a, b, mid, input_precision=PREC)
-            acc += mid
+        # one flat loop (a nested KS-tile loop defeats the software pipeline: 56.5 vs 53.2 ms for
+        # fwd+bwd at N=8192, H=4096, V=128256 on an H200); the flush branch is uniform
+        mid = tl.zeros_like(acc)
+        for k0 in range(0, K, BK):
+            a, b = _mm_load(a_rows, b_cols, rk, k0, K, s_ak, s_bk, mask_m, mask_n, KGAP, EVEN_K)
+            mid = tl.dot(a, b, mid, input_precision=PREC)
+            if (k0 // BK) % KS == KS - 1:
+                acc += mid
+                mid = tl.zeros_like(acc)
+        acc += mid
     else:
         for k0 in range(0, K, BK):
             a, b = _mm_load(a_rows, b_cols, rk, k0, K, s_ak, s_bk, mask_m, mask_n, KGAP, EVEN_K)

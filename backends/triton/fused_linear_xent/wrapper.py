@@ -66,18 +66,20 @@ INTERPRETER = Config(chunk=16, slab=256, vblock=128, rows=16, logits=Gemm(16, 12
 # Per-kernel do_bench at one 2048-token chunk (H200, triton 3.6): logits 128x256x64 w8 s3 3.96 ms
 # (s4 4.10, 256x128 4.17, 128x128 4.61); dweight (running-sum mode) 128x256x64 G8 w8 s4 4.40 ms
 # (256x128x64 G1 w8 s3 4.55); dhidden 128x256x64 G8 w8 s3 3.15 ms (128x128 3.91, 256x128 3.65).
-GPU = Config(chunk=2048, slab=8192, vblock=256, rows=16, logits=Gemm(128, 256, 64, 16),
+GPU = Config(chunk=2048, slab=8192, vblock=256, rows=16, logits=Gemm(128, 128, 64, 16, 8, 4, ksplit=4),
              dw=Gemm(128, 256, 64, 8, 8, 4), dh=Gemm(128, 256, 64, 8), dzg=Gemm(128, 256, 64, 8),
              ldw=Gemm(128, 256, 64, 1), ldh=Gemm(128, 256, 64, 8), dw_small=Gemm(256, 128, 64, 1, 8, 3))
 # dw_small: a chunk of one token makes Triton specialize T = 1, and that build of the 128x256 s4
 # dweight kernel wants 320 KB of shared memory (sm_90 allows 227 KB; seen as OutOfResources at
 # N=1 on an H200); the 256x128 s3 tile needs 208 KB there. Used for chunks shorter than dw.BK.
-# float16: the logits' tensor-core chain is split every 16 K tiles (kernels._mm, KS): Hopper's MMA
-# truncates its accumulation, and with fp16's finer inputs that bias alone put the float32 loss at
-# 1.0x its bound (N=1, H=4096, V=128256: error 5.66e-6 with one chain, 8.9e-7 split). Two float32
-# accumulators need the smaller 128x128 tile: the logits pass is ~20% slower (4.84 vs 3.96 ms a
-# chunk), so bfloat16 (error 3.9e-6 there, 0.71x its bound) keeps the single chain for speed.
-GPU_F16 = replace(GPU, logits=Gemm(128, 128, 64, 16, 8, 4, ksplit=16))
+# logits: 16-bit inputs split the tensor-core accumulation chain every 4 K tiles (kernels._mm, KS). Hopper's
+# MMA truncates its accumulation, and that bias, the same sign on every token, survives the mean over
+# tokens: with one chain the bf16 loss was at 2.47x its bound at N=8192, H=2048, V=2 and 1.52x at
+# N=1000, H=4096, V=1000 (fp16, split every 16 tiles: 1.41x); split every 4 tiles both are at 0.25x and
+# 0.07x (every 8: 0.69x). Two float32 accumulators need the smaller 128x128 tile (at 128x256 they
+# spill). Measured on an H200 (N=8192, H=4096, V=128256, bf16, fwd+bwd, torch with bf16 logits 41.3
+# ms): fast 49.4 -> 53.2 ms, lean 59.8 -> 64.1 ms; the logits would be fast and wrong otherwise.
+GPU_F16 = GPU
 # float32 operands: ieee dots run on the FMA units, where small tiles do as well and fit the registers
 _F32 = Gemm(64, 64, 32, 8, 4, 3)
 GPU_FP32 = Config(chunk=2048, slab=8192, vblock=256, rows=16, logits=_F32, dw=_F32, dh=_F32, dzg=_F32,
