@@ -23,8 +23,7 @@ _SIGNATURES = {
                      _P, _P, _P, _P, _P],
     "xent_backward": [_P, _I32, _I64, _I64, _I64, _P, _I64, _I64, _F32, _F32, _P, _P, _P, _I64, _I32, _P,
                       _I64, _P],
-    "xent_tune": [_I32, _I32, _I32, _I32, _I32],
-    "xent_config": [_I32, _I64, _I32, _P],
+    "xent_tune": [_I32],
     "xent_error_string": [_I32],
 }
 
@@ -49,10 +48,3 @@ def check(code: int, what: str) -> None:
     if code != 0:
         msg = lib().xent_error_string(code).decode()
         raise RuntimeError(f"softmax_xent CUDA {what} failed: {msg} (cudaError {code})")
-
-
-def config(dtype: str, V: int, with_grad: bool = True) -> dict[str, int]:
-    """The forward's launch configuration for this dtype and vocabulary (threads, cluster, cache)."""
-    out = (ctypes.c_int64 * 3)()
-    lib().xent_config(DTYPE_CODES[dtype], V, int(with_grad), ctypes.addressof(out))
-    return {"threads": out[0], "cluster": out[1], "cache_bytes": out[2]}
