@@ -13,10 +13,10 @@ SEED = "cuda-softmax-xent-kahan-fix.md"
 # The seed's first kernel: one thread per vocabulary entry. For V > 1024 the launch is an invalid
 # configuration and nothing runs; the launcher returns that error and the wrapper raises. For
 # V <= 1024 the grid-stride loops and the partial-warp reductions keep it correct (the real kernel
-# uses 256 threads; V = 1000 gives a last warp of 8 threads).
+# uses 256 threads there; V = 1000 gives a last warp of 8 threads).
 register_mutant(Mutant(
     id="xent-block-eq-vocab", operator="softmax_xent", backend="cuda", seed=SEED,
-    edits=(("softmax_xent.cu", "int threads = g_block;", "int threads = (int)V;"),),
+    edits=(("softmax_xent.cu", "return V * es >= 128 * 1024 ? 512 : 256;", "return (int)V;"),),
     expect=(
         Expectation(C("zoo-N8-V1025", 8, 1025, ignored=0.2), "float32", status="CRASH|ERROR"),
         Expectation(C("zoo-N8-V1024", 8, 1024, ignored=0.2), "float32", passing=("loss", "dlogits")),

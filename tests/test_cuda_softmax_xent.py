@@ -142,11 +142,11 @@ def test_deterministic_and_second_backward() -> None:
 def test_launch_error_raises() -> None:
     from backends.cuda.softmax_xent import loader
     z, t = _inputs(4, 1025, torch.float32, ignored=0.0, pad=0)
-    threads = loader.lib().xent_tune(1025)  # blockDim = 1025 > 1024: the launch is refused
+    before = loader.lib().xent_tune(1025)  # blockDim = 1025 > 1024: the launch is refused
     try:
         # CUDA 13 reports it as "invalid argument" (older runtimes: "invalid configuration argument")
         with pytest.raises(RuntimeError, match="launch failed: invalid"):
             _impl()(z, t)
     finally:
-        loader.lib().xent_tune(threads)
+        loader.lib().xent_tune(before)
     assert torch.isfinite(_impl()(z, t)["loss"])  # the error was cleared, not sticky
