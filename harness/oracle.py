@@ -1,7 +1,7 @@
 """The oracle (float64) and the floor reference (float32, sampled) of a case, and the inputs both see.
 
-Inputs and upstream gradients are regenerated from the seed for every consumer, so the backend, the
-oracle and the floor reference get bit-identical values in the same layouts.
+Inputs and upstream gradients are drawn from the seed once per case and copied for every consumer, so
+the backend, the oracle and the floor reference get bit-identical values in the same layouts.
 """
 
 from __future__ import annotations
@@ -23,8 +23,42 @@ _ORACLE_CACHE: OrderedDict[tuple, dict] = OrderedDict()
 FLOOR_SAMPLES = 3
 
 
+# Inputs are drawn on the CPU (bit-identical on every device), which takes seconds for the large sweep
+# cases (~1 s per 1e8 values), while one cell asks for the same draw again and again: the oracle, the
+# floor, each backend run. The last case's draws are kept here, pristine, and every caller gets its own
+# copy (same values, strides and padding), so a backend that writes into its inputs changes nothing
+# that the next caller sees.
+_DRAWN: dict[tuple, Any] = {}
+
+
+def _replica(v: Any) -> Any:
+    """A tensor with its own storage: the whole buffer (padding included) copied, same view on it."""
+    if not isinstance(v, Tensor):
+        return v
+    r = torch.empty(0, dtype=v.dtype, device=v.device)
+    r.set_(v.untyped_storage().clone(), v.storage_offset(), v.size(), v.stride())
+    return r.requires_grad_(v.requires_grad)
+
+
+def _drawn(key: tuple, what: str, make: Callable[[], Any]) -> Any:
+    if _DRAWN.get("key") != key:
+        _DRAWN.clear()
+        _DRAWN["key"] = key
+    if what not in _DRAWN:
+        _DRAWN[what] = make()
+    return _DRAWN[what]
+
+
+def _draw_key(op: OperatorSpec, case: Case, seed: int, device: str) -> tuple:
+    import json
+
+    return (op.name, case.name, json.dumps(case.params, sort_keys=True, default=str), seed, str(device))
+
+
 def gen_inputs(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int, device: str) -> Inputs:
-    return op.make_inputs(case, dtype, generator(op.name, case.name, case.params, seed), device)
+    inp = _drawn(_draw_key(op, case, seed, device), f"inputs/{dtype}", lambda: op.make_inputs(
+        case, dtype, generator(op.name, case.name, case.params, seed), device))
+    return Inputs({k: _replica(v) for k, v in inp.tensors.items()}, dict(inp.options))
 
 
 def output_contract(op: OperatorSpec, tensors: dict[str, Tensor | None]) -> dict[str, torch.dtype]:
@@ -40,6 +74,16 @@ def gen_grad_outputs(
     dtypes: dict[str, torch.dtype],
     device: str,
 ) -> dict[str, Tensor]:
+    # the draw may depend on the inputs (their dtypes name them: same case, seed and device)
+    ins = sorted((k, str(v.dtype)) for k, v in tensors.items() if isinstance(v, Tensor))
+    what = f"grad/{ins}/{sorted(shapes.items())}/{sorted((k, str(v)) for k, v in dtypes.items())}"
+    out = _drawn(_draw_key(op, case, seed, device), what,
+                 lambda: _make_grad_outputs(op, case, seed, tensors, shapes, dtypes, device))
+    return {k: _replica(v) for k, v in out.items()}
+
+
+def _make_grad_outputs(op: OperatorSpec, case: Case, seed: int, tensors: dict, shapes: dict[str, tuple],
+                       dtypes: dict[str, torch.dtype], device: str) -> dict[str, Tensor]:
     gen = generator(op.name, case.name, case.params, seed, "grad")
     if op.make_grad_outputs is not None:
         return op.make_grad_outputs(tensors, case, gen, device)
@@ -192,8 +236,10 @@ def oracle_and_floor(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int
 
 
 def clear_cache() -> None:
-    """Drop the cached oracle (it may hold GPU memory that another worker sharing the GPU needs)."""
+    """Drop the cached oracle and draws (they may hold GPU memory that another worker sharing the GPU
+    needs)."""
     _ORACLE_CACHE.clear()
+    _DRAWN.clear()
 
 
 def _err(r: Tensor | None, o: Tensor | None) -> Tensor | None:
