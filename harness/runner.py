@@ -117,8 +117,8 @@ def plan(
     return p
 
 
-def worker_env(device: str, gpu: int | None) -> dict[str, str]:
-    env = {"PYTHONHASHSEED": "0"}
+def worker_env(device: str, gpu: int | None, shared: bool = False) -> dict[str, str]:
+    env = {"PYTHONHASHSEED": "0", "HARNESS_GPU_SHARED": "1" if shared else "0"}
     if device.split(":")[0] == "cpu":
         env["TRITON_INTERPRET"] = "1"
     if gpu is not None:
@@ -127,14 +127,15 @@ def worker_env(device: str, gpu: int | None) -> dict[str, str]:
 
 
 class _Worker:
-    def __init__(self, slot: int, device: str, gpu: int | None, plugins: list[str], threads: int):
+    def __init__(self, slot: int, device: str, gpu: int | None, plugins: list[str], threads: int,
+                 shared: bool = False):
         from .worker import worker_main
 
-        self.slot, self.gpu = slot, gpu
+        self.slot, self.gpu, self.shared = slot, gpu, shared
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(
-            target=worker_main, args=(child, worker_env(device, gpu), plugins, threads), daemon=True
+            target=worker_main, args=(child, worker_env(device, gpu, shared), plugins, threads), daemon=True
         )
         self.proc.start()
         child.close()
@@ -203,12 +204,12 @@ def run(
     for g in groups.values():
         by_op.setdefault(g[0].operator, []).append(g)
     queue = [g for i in range(max(map(len, by_op.values()))) for gs in by_op.values() if i < len(gs) for g in [gs[i]]]
-    pool = [_Worker(i, device, g, plugins, threads) for i, g in enumerate(gpus)]
-    for w in pool:
-        w.group = []
     # Out of memory while other workers share the GPU says little about the backend: such cells are
     # run again at the end, one worker per GPU, and only that second result is reported.
     shared = len(gpus) > len(set(gpus)) and gpus[0] is not None
+    pool = [_Worker(i, device, g, plugins, threads, shared) for i, g in enumerate(gpus)]
+    for w in pool:
+        w.group = []
     retry: list[Task] = []
 
     def finish(w: _Worker, cell: dict) -> None:
@@ -232,7 +233,7 @@ def run(
 
     def replace(w: _Worker) -> _Worker:
         w.kill()
-        nw = _Worker(w.slot, device, w.gpu, plugins, threads)
+        nw = _Worker(w.slot, device, w.gpu, plugins, threads, w.shared)
         nw.group, nw.cells = w.group, w.cells
         pool[pool.index(w)] = nw
         return nw

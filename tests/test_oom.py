@@ -1,0 +1,38 @@
+"""Out-of-memory cells say whose memory ran out, and stay rerunnable (the runner keys on the prefix)."""
+
+import torch
+
+from harness import cell, registry, runner
+
+
+def _cell(monkeypatch, where: str) -> dict:
+    registry.discover()
+    op = registry.get_operator("mhc_pre")
+    backend = registry.get_backend("mhc_pre", "golden")
+    case = next(c for c in op.presets["smoke"]("cpu"))
+
+    def boom(*a, **k):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 15.66 GiB.")
+
+    monkeypatch.setattr(cell, "oracle_and_floor" if where == "oracle" else "call_backend", boom)
+    return cell.safe_run_cell(op, backend, case, "float32", "cpu", 0, 1)
+
+
+def test_oracle_out_of_memory_is_named_as_the_harness(monkeypatch):
+    monkeypatch.setenv("HARNESS_GPU_SHARED", "0")
+    c = _cell(monkeypatch, "oracle")
+    assert c["status"] == "ERROR" and runner.is_oom(c)
+    assert "in the harness's oracle" in c["error"] and "had the GPU to itself" in c["error"]
+    assert "15.66 GiB" in c["error"]
+
+
+def test_backend_out_of_memory_on_a_shared_gpu(monkeypatch):
+    monkeypatch.setenv("HARNESS_GPU_SHARED", "1")
+    c = _cell(monkeypatch, "backend")
+    assert c["status"] == "ERROR" and runner.is_oom(c)
+    assert "in the backend" in c["error"] and "other workers share this GPU" in c["error"]
+
+
+def test_workers_are_told_whether_they_share_a_gpu():
+    assert runner.worker_env("cuda", 0, shared=True)["HARNESS_GPU_SHARED"] == "1"
+    assert runner.worker_env("cuda", 0)["HARNESS_GPU_SHARED"] == "0"
