@@ -75,6 +75,10 @@ def cmd_run(a: argparse.Namespace) -> int:
         f"{t.operator}/{t.backend}": backend_provenance(registry.get_backend(t.operator, t.backend).source_files())
         for t in plan.tasks
     }
+    # the cells this run means to produce, per operator: a report of a run stopped midway lists the rest
+    header["planned"] = {}
+    for t in plan.tasks:
+        header["planned"].setdefault(t.operator, []).append(report.planned_key(t.backend, t.dtype, t.case.name))
     writer = report.ReportWriter(a.report, device_class(device), header)
     bar = _progress(len(plan.tasks), not a.no_progress)
     t0 = time.time()

@@ -37,6 +37,10 @@ def cell_key(c: dict) -> tuple:
     )
 
 
+def planned_key(backend: str, dtype: str, case_name: str) -> str:
+    return f"{backend}|{dtype}|{case_name}"
+
+
 class ReportWriter:
     """Appends cells to JSONL files, one per operator, under ``root/<device_class>/``."""
 
@@ -56,7 +60,8 @@ class ReportWriter:
             if op not in self.started:
                 self.started.add(op)
                 self.touched.append(op)
-                f.write(json.dumps({"run": self.header}) + "\n")
+                planned = (self.header.get("planned") or {}).get(op)
+                f.write(json.dumps({"run": {**self.header, "planned": planned}}) + "\n")
             f.write(json.dumps({**cell, "run_id": self.header.get("run_id")}, default=str) + "\n")
             f.flush()
 
@@ -136,6 +141,20 @@ def render_markdown(op: str, cells: list[dict], runs: dict[str, dict]) -> str:
                          + (f", `{r['command']}`" if r.get("command") else "")
                          + (" (latest)" if rid == latest_id else ""))
         lines.append("")
+
+    planned = latest.get("planned") or []
+    if planned:
+        done = {planned_key(c["backend"], c["dtype"], c["case"]["name"]) for c in cells if c.get("run_id") == latest_id}
+        missing = [k for k in planned if k not in done]
+        if missing:
+            by_case: dict[str, list[str]] = {}
+            for k in missing:
+                b, dt, name = k.split("|", 2)
+                by_case.setdefault(name, []).append(f"{b} {dt}")
+            lines += [f"**{len(missing)} of {len(planned)} planned cells of the latest run have no result** "
+                      "(the run stopped before them; `--case NAME` runs them):", ""]
+            lines += [f"- `{name}`: {', '.join(v)}" for name, v in by_case.items()]
+            lines.append("")
 
     def earlier(c: dict) -> str:
         if len(from_runs) < 2 or c.get("run_id") == latest_id:

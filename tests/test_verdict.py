@@ -152,3 +152,25 @@ def test_a_report_mixing_runs_names_them_and_tags_earlier_cells(tmp_path):
     stale = next(line for line in md.splitlines() if "old failure" in line)
     assert "earlier run" not in fresh and "[earlier run: commit `aaa111`" in stale
     assert "boom" not in md  # the newer result of the same cell replaces it
+
+
+def test_a_report_of_a_run_stopped_midway_lists_the_cells_without_a_result(tmp_path):
+    from harness.cell import error_cell
+    from harness.registry import get_operator
+    from harness.report import ReportWriter, load, planned_key, render_markdown
+
+    op = get_operator("mhc_pre")
+    a, b = op.cases("smoke", "cpu")[:2]
+    planned = [planned_key("golden", dt, c.name) for c in (a, b) for dt in ("float32", "float16")]
+    w = ReportWriter(tmp_path, "cpu", {"run_id": "r1", "commit": "aaa111", "date": "2026-01-01 00:00 UTC",
+                                       "planned": {"mhc_pre": planned, "softmax_xent": ["x|y|z"]}})
+    w.append(error_cell("mhc_pre", "golden", a, "float32", "cpu", 0, "ERROR", "boom"))
+    w.append(error_cell("mhc_pre", "golden", a, "float16", "cpu", 0, "ERROR", "boom"))
+    cells, runs = load(tmp_path / "cpu", "mhc_pre")
+    assert runs["r1"]["planned"] == planned  # each operator's file keeps its own plan only
+    md = render_markdown("mhc_pre", cells, runs)
+    assert "2 of 4 planned cells of the latest run have no result" in md
+    assert f"- `{b.name}`: golden float32, golden float16" in md
+    w.append(error_cell("mhc_pre", "golden", b, "float32", "cpu", 0, "ERROR", "boom"))
+    w.append(error_cell("mhc_pre", "golden", b, "float16", "cpu", 0, "ERROR", "boom"))
+    assert "planned cells" not in render_markdown("mhc_pre", *load(tmp_path / "cpu", "mhc_pre"))
