@@ -9,8 +9,9 @@
 //  * xent_forward with dlogits != NULL (mean/sum, gradient wanted): one block per row computes the
 //    online max/sum (pass 1), the per-row loss, and writes dlogits for an upstream gradient g = 1
 //    (pass 2, re-reading the row). Traffic: read 2*N*V*2 + write N*V*2 bytes; the floor is one read
-//    and one write. Keeping the row on chip for pass 2 (a cluster of blocks parking it in shared
-//    memory) or a persistent grid measured slower on an H200 (see g_block below).
+//    and one write; cache hints let part of the re-read hit L2 (see "L2 traffic" below). Keeping the
+//    row on chip for pass 2 (a cluster of blocks parking it in shared memory) or a persistent grid
+//    measured slower on an H200 (see g_block below).
 //  * xent_backward recomputes dlogits = (mu g / D) ((1 + 2 lam LSE) p - (1-eps)[j==y] - eps/V) from
 //    the saved per-row (max, log sum): read N*V*2 + write N*V*2. With skip_if_one it first reads g
 //    on the device and returns at once when g == 1 (the forward's dlogits are then already right),
