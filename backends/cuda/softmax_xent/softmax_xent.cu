@@ -148,9 +148,9 @@ __host__ __device__ __forceinline__ void store_stream(uint4* p, const uint4& v) 
 // Pass 1 reads the row asking L2 to keep it (evict_last), pass 2 reads it back, last row vectors first
 // (those pass 1 read last), marked evict-first, and the dlogits stores stream past L2: part of the
 // re-read then hits L2. Measured on an H200 (N = 8192, bf16, loss.backward(), 512 threads and 8
-// vectors in flight for V = 128256 as below): V = 128256 1.676 -> 1.480 ms, V = 50257 (N = 4096)
-// 0.383 -> 0.368 ms, V = 32000 0.453 -> 0.413 ms (256 threads); the gradient bits do not change
-// with the hints. Without a gradient to write, pass 1 is the row's only read and loads plainly.
+// vectors in flight, as below): V = 128256 1.676 -> 1.480 ms (512 threads), V = 50257 (N = 4096)
+// 0.383 -> 0.373 ms and V = 32000 0.453 -> 0.413 ms (both 256 threads); the gradient bits do not
+// change with the hints. Without a gradient to write, pass 1 is the row's only read and loads plainly.
 
 template <bool KEEP>
 __host__ __device__ __forceinline__ uint4 load_pass1(const uint4* p) {
