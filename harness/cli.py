@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shlex
 import sys
@@ -44,6 +45,32 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, unit="cell", dynamic_ncols=True, file=sys.stderr)
 
 
+def _resume(tasks: list, dir_: Path, commit: str) -> tuple[list, list[str]]:
+    """The tasks without a result from a run at this commit in ``dir_``, and the ids of those runs."""
+    from . import report
+
+    if not commit or commit == "unknown" or commit.endswith("+dirty"):
+        raise UsageError(f"--resume: the checkout is at {commit!r}; results can only be reused from a clean "
+                         "commit (commit the change, or set HARNESS_COMMIT where the tree has no .git)")
+    done: set[tuple] = set()
+    used: set[str] = set()
+    for op in sorted({t.operator for t in tasks}):
+        cells, runs = report.load(dir_, op)
+        for c in cells:
+            if runs.get(c.get("run_id"), {}).get("commit") == commit:
+                done.add(report.cell_key(c))
+                used.add(c["run_id"])
+    left = []
+    for t in tasks:
+        case = json.loads(json.dumps(t.case.to_json(), default=str))  # as the report stores it
+        key = report.cell_key({"backend": t.backend, "dtype": t.dtype, "case": case})
+        if key not in done:
+            left.append(t)
+    print(f"--resume: {len(tasks) - len(left)} of {len(tasks)} cells already have a result at commit {commit}; "
+          f"running {len(left)}")
+    return left, sorted(used)
+
+
 def cmd_run(a: argparse.Namespace) -> int:
     from . import report, runner
     from .provenance import backend_provenance, device_class, run_provenance
@@ -79,6 +106,11 @@ def cmd_run(a: argparse.Namespace) -> int:
     header["planned"] = {}
     for t in plan.tasks:
         header["planned"].setdefault(t.operator, []).append(report.planned_key(t.backend, t.dtype, t.case.name))
+    if a.resume:
+        plan.tasks, header["resumes"] = _resume(plan.tasks, Path(a.report) / device_class(device), header["commit"])
+        if not plan.tasks:
+            print(f"--resume: every planned cell already has a result at commit {header['commit']}; nothing to run")
+            return 0
     writer = report.ReportWriter(a.report, device_class(device), header)
     bar = _progress(len(plan.tasks), not a.no_progress)
     t0 = time.time()
@@ -273,6 +305,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--workers", type=int, default=None, help="worker processes (default: GPUs, or 2 on CPU)")
     r.add_argument("--repeats", type=int, default=2, help="backend runs per cell (2 checks determinism)")
     r.add_argument("--hypothesis", type=int, default=0, metavar="N", help="also run N hypothesis-drawn cases")
+    r.add_argument("--resume", action="store_true",
+                   help="skip cells that already have a result from a run at this commit (a sweep cut short)")
     r.set_defaults(fn=cmd_run)
 
     ls = sub.add_parser("list", help="operators, backends and whether each can run here")

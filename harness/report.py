@@ -89,6 +89,11 @@ def load(dir_: Path, op: str) -> tuple[list[dict], dict[str, dict]]:
     return list(cells.values()), runs
 
 
+def latest_run(runs: dict[str, dict]) -> dict:
+    """The newest run record: the last one appended (dates have minute resolution; ties are common)."""
+    return list(runs.values())[-1]
+
+
 def summary(cells: list[dict]) -> dict[tuple[str, str], dict[str, int]]:
     out: dict[tuple[str, str], dict[str, int]] = {}
     for c in cells:
@@ -114,7 +119,7 @@ def _params(p: dict) -> str:
 
 
 def render_markdown(op: str, cells: list[dict], runs: dict[str, dict]) -> str:
-    latest = max(runs.values(), key=lambda r: r.get("date", "")) if runs else {}
+    latest = latest_run(runs) if runs else {}
     lines = [f"# `{op}` conformance — {latest.get('device', '?')}", ""]
     if latest:
         v = latest.get("versions", {})
@@ -144,7 +149,9 @@ def render_markdown(op: str, cells: list[dict], runs: dict[str, dict]) -> str:
 
     planned = latest.get("planned") or []
     if planned:
-        done = {planned_key(c["backend"], c["dtype"], c["case"]["name"]) for c in cells if c.get("run_id") == latest_id}
+        # a --resume run counts the results it reused from the runs it resumed
+        mine = {latest_id, *latest.get("resumes", [])}
+        done = {planned_key(c["backend"], c["dtype"], c["case"]["name"]) for c in cells if c.get("run_id") in mine}
         missing = [k for k in planned if k not in done]
         if missing:
             by_case: dict[str, list[str]] = {}

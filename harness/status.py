@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .report import atomic_write, load, summary
+from .report import atomic_write, latest_run, load, summary
 
 
 def write_status(root: Path) -> Path:
@@ -15,7 +15,7 @@ def write_status(root: Path) -> Path:
             cells, runs = load(d, j.stem)
             if not cells:
                 continue
-            latest = max(runs.values(), key=lambda r: r.get("date", "")) if runs else {}
+            latest = latest_run(runs) if runs else {}
             provenance.append(
                 f"- `{d.name}`/{j.stem}: {latest.get('device', '?')}, {latest.get('date', '?')}, "
                 f"commit `{latest.get('commit', '?')}`"

@@ -209,3 +209,36 @@ def test_bench_on_cpu_uses_smoke_shapes_and_writes_the_report(tmp_path: Path):
     # the Triton backend runs interpreted in-process: its row has times, not an error
     assert rows["golden"]["fwd_bwd_ms"] > 0 and rows["triton"]["fwd_bwd_ms"] > 0, rows
     assert rows["triton"]["speedup_fwd_bwd"] > 0
+
+
+def test_resume_runs_only_the_cells_without_a_result_at_this_commit(tmp_path, monkeypatch):
+    import os
+
+    rep = tmp_path / "rep"
+    args = ("run", "--kernel", "mhc", "--sizes", "smoke", "--backend", "golden", "--dtype", "float32",
+            "--device", "cpu", "--report", str(rep), "--no-progress")
+    env = {**os.environ, "HARNESS_COMMIT": "abc1234"}
+
+    def run(*extra: str, commit: str = "abc1234") -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "harness", *args, *extra], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600, env={**env, "HARNESS_COMMIT": commit})
+
+    first = run()
+    assert first.returncode == 0, first.stderr
+    jl = rep / "cpu" / "mhc_pre.jsonl"
+    lines = jl.read_text().splitlines()
+    n = len(lines) - 1
+    jl.write_text("\n".join(lines[:-1]) + "\n")  # the run was cut before its last cell
+    md = (rep / "cpu" / "mhc_pre.md")
+    subprocess.run([sys.executable, "-m", "harness", "report", "--report", str(rep)], cwd=ROOT, env=env,
+                   capture_output=True, timeout=300, check=True)
+    assert f"1 of {n} planned cells of the latest run have no result" in md.read_text()
+    again = run("--resume")
+    assert again.returncode == 0, again.stderr
+    assert f"--resume: {n - 1} of {n} cells already have a result at commit abc1234; running 1" in again.stdout
+    assert "planned cells" not in md.read_text()  # the resumed run counts the results it reused
+    assert "nothing to run" in run("--resume").stdout
+    other = run("--resume", commit="def5678")  # another commit reuses nothing
+    assert f"0 of {n} cells already have a result" in other.stdout
+    dirty = run("--resume", commit="abc1234+dirty")
+    assert dirty.returncode == 2 and "clean" in dirty.stderr
