@@ -28,7 +28,8 @@ FLOOR_SAMPLES = 3
 # floor, each backend run. The last case's draws are kept here, pristine, and every caller gets its own
 # copy (same values, strides and padding), so a backend that writes into its inputs changes nothing
 # that the next caller sees.
-_DRAWN: dict[tuple, Any] = {}
+_DRAWN: dict[str, Any] = {}  # what -> draw, all of the case named by _DRAWN_FOR
+_DRAWN_FOR: list[tuple] = []
 
 
 def _replica(v: Any) -> Any:
@@ -41,9 +42,9 @@ def _replica(v: Any) -> Any:
 
 
 def _drawn(key: tuple, what: str, make: Callable[[], Any]) -> Any:
-    if _DRAWN.get("key") != key:
+    if _DRAWN_FOR != [key]:
         _DRAWN.clear()
-        _DRAWN["key"] = key
+        _DRAWN_FOR[:] = [key]
     if what not in _DRAWN:
         _DRAWN[what] = make()
     return _DRAWN[what]

@@ -211,7 +211,7 @@ def test_bench_on_cpu_uses_smoke_shapes_and_writes_the_report(tmp_path: Path):
     assert rows["triton"]["speedup_fwd_bwd"] > 0
 
 
-def test_resume_runs_only_the_cells_without_a_result_at_this_commit(tmp_path, monkeypatch):
+def test_resume_runs_only_the_cells_without_a_result_at_this_commit(tmp_path):
     import os
 
     rep = tmp_path / "rep"

@@ -15,7 +15,7 @@ Two modes (specs/xent.md, "two honest designs"):
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
