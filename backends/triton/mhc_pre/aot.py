@@ -21,8 +21,6 @@ _DATA = {"x_ptr", "hin_ptr", "gin_ptr", "dx_ptr"}
 # bf16 parts of phi * gamma and of dh_mix
 _PARTS_PTRS = {"w_ptr", "dhmix_ptr"}
 _FLOATS = {"norm_eps", "hc_eps", "post_mult"}
-# the fused forward's arrival and ticket counters
-_INT_PTRS = {"sync_ptr"}
 _UNIT = ("sxd", "sgd", "spk", "srq", "sphj")
 # strides that are multiples of 16 elements at production sizes (D = 4096, n = 4)
 _ALIGNED = {"sxb", "sxs", "sxn", "sgb", "sgs", "sphm", "D", "nD"}
@@ -34,8 +32,7 @@ def _signature(fn, dtype: str, constexprs: dict) -> dict:
         if name in constexprs:
             sig[name] = "constexpr"
         elif name.endswith("_ptr"):
-            sig[name] = (_PTR[dtype] if name in _DATA else "*bf16" if name in _PARTS_PTRS
-                         else "*i32" if name in _INT_PTRS else "*fp32")
+            sig[name] = _PTR[dtype] if name in _DATA else "*bf16" if name in _PARTS_PTRS else "*fp32"
         else:
             sig[name] = "fp32" if name in _FLOATS else "i32"
     return sig
@@ -66,12 +63,6 @@ def aot_targets() -> list[dict]:
         out.append(_target(f"fwd_gemm-{tag}", K._fwd_gemm_kernel, dt,
                            {"X_PARTS": _PARTS[dt], "MP": MP, "BLOCK_T": C["gemm_t"], "BLOCK_K": C["gemm_k"],
                             "EMU": False}, *gemm_launch(C, MP, _BYTES[dt])))
-        NP = 1 << (n - 1).bit_length()
-        out.append(_target(f"fwd_fused-{tag}", K._fwd_fused_kernel, dt,
-                           {"X_PARTS": _PARTS[dt], "MP": MP, "NP": NP, "BLOCK_T": C["gemm_t"],
-                            "BLOCK_K": C["gemm_k"], "MIX_T": C["mix_t"],
-                            "BLOCK_D": _block_d(4096, NP, C["mix_t"], C["mix_elems"]), "EMU": False},
-                           *gemm_launch(C, MP, _BYTES[dt])))
         out.append(_target(f"bwd_nd-{tag}", K._bwd_nd_kernel, dt,
                            {"X_PARTS": _PARTS[dt], "MM_ORDER": 2 if dt == "fp32" else 1, "MP": MP,
                             "BLOCK_T": C["BLOCK_T"], "BLOCK_ND": C["BLOCK_ND"], "EMU": False},

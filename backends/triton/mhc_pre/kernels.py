@@ -13,8 +13,6 @@ Under the interpreter (EMU) the parts are multiplied as float32 (its bf16 dot is
 Forward:  _fwd_wparts_kernel  W = phi * gamma as three bf16 parts [3, MP, nD]
           _fwd_gemm_kernel    split-K partial h_mix = x @ W^T and sum of squares per token
           _fwd_mix_kernel     sums the partials, sigmoid/affine epilogue, h_in = sum_k h_pre_k x_k
-          _fwd_fused_kernel   both in one launch, each token block mixed right after its GEMM
-                              (x read twice, the second time from L2)
 Backward: _bwd_token_kernel   per-token scalars: dh_pre = <g_in, x_k>, dh_mix (as bf16 parts), the
                               dinv_rms coefficient, per-token-block partials of dbias and dalpha
           _bwd_nd_kernel      (stream block) x (token group): dx, and partials P = dh_mix^T @ x
@@ -111,11 +109,13 @@ def _fwd_wparts_kernel(phi_ptr, gamma_ptr, w_ptr, nD, M, sphm, sphj,
 
 
 @triton.jit
-def _gemm_split(x_ptr, w_ptr, part_ptr, ssq_ptr, c, tb, T, S, n, D, nD, KCHUNK, sxb, sxs, sxn, sxd,
-                X_PARTS: tl.constexpr, MP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-                EMU: tl.constexpr):
-    """K chunk c of token block tb: partial h_mix = x @ W^T and partial sums of squares."""
-    rows = tb * BLOCK_T + tl.arange(0, BLOCK_T)
+def _fwd_gemm_kernel(x_ptr, w_ptr, part_ptr, ssq_ptr,
+                     T, S, n, D, nD, KCHUNK,
+                     sxb, sxs, sxn, sxd,
+                     X_PARTS: tl.constexpr, MP: tl.constexpr,
+                     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, EMU: tl.constexpr):
+    c = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = rows < T
     base = (rows // S).to(tl.int64) * sxb + (rows % S).to(tl.int64) * sxs
     m = tl.arange(0, MP)
@@ -148,34 +148,22 @@ def _gemm_split(x_ptr, w_ptr, part_ptr, ssq_ptr, c, tb, T, S, n, D, nD, KCHUNK, 
 
 
 @triton.jit
-def _fwd_gemm_kernel(x_ptr, w_ptr, part_ptr, ssq_ptr,
-                     T, S, n, D, nD, KCHUNK,
-                     sxb, sxs, sxn, sxd,
-                     X_PARTS: tl.constexpr, MP: tl.constexpr,
-                     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, EMU: tl.constexpr):
-    _gemm_split(x_ptr, w_ptr, part_ptr, ssq_ptr, tl.program_id(0), tl.program_id(1), T, S, n, D, nD, KCHUNK,
-                sxb, sxs, sxn, sxd, X_PARTS, MP, BLOCK_T, BLOCK_K, EMU)
-
-
-@triton.jit
-def _mix_rows(x_ptr, part_ptr, ssq_ptr, alpha_ptr, bias_ptr, hin_ptr, hpost_ptr, hres_ptr, hmix_ptr, inv_ptr,
-              hpre_ptr, rows, T, S, n, D, nD, M, KSPLIT, norm_eps, hc_eps, post_mult, sxb, sxs, sxn, sxd,
-              MP: tl.constexpr, NP: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, CG: tl.constexpr):
-    """Sums the K-chunk partials of ``rows``, the sigmoid/affine epilogue, h_in = sum_k h_pre_k x_k.
-    CG: the partials were written by other programs of the same launch (read past L1)."""
+def _fwd_mix_kernel(x_ptr, part_ptr, ssq_ptr, alpha_ptr, bias_ptr,
+                    hin_ptr, hpost_ptr, hres_ptr, hmix_ptr, inv_ptr, hpre_ptr,
+                    T, S, n, D, nD, M, KSPLIT, norm_eps, hc_eps, post_mult,
+                    sxb, sxs, sxn, sxd,
+                    MP: tl.constexpr, NP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    # last token blocks first: the GEMM kernel read them last, so their x may still be in L2
+    tb = tl.num_programs(0) - 1 - tl.program_id(0)
+    rows = tb * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = rows < T
     m = tl.arange(0, MP)
-    hm = tl.zeros([ROWS, MP], dtype=tl.float32)
-    ss = tl.zeros([ROWS], dtype=tl.float32)
+    hm = tl.zeros([BLOCK_T, MP], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
     for c in range(KSPLIT):
-        if CG:
-            hm += tl.load(part_ptr + ((c * T + rows).to(tl.int64) * MP)[:, None] + m[None, :],
-                          mask=rmask[:, None], other=0.0, cache_modifier=".cg")
-            ss += tl.load(ssq_ptr + c * T + rows, mask=rmask, other=0.0, cache_modifier=".cg")
-        else:
-            hm += tl.load(part_ptr + ((c * T + rows).to(tl.int64) * MP)[:, None] + m[None, :],
-                          mask=rmask[:, None], other=0.0)
-            ss += tl.load(ssq_ptr + c * T + rows, mask=rmask, other=0.0)
+        hm += tl.load(part_ptr + ((c * T + rows).to(tl.int64) * MP)[:, None] + m[None, :],
+                      mask=rmask[:, None], other=0.0)
+        ss += tl.load(ssq_ptr + c * T + rows, mask=rmask, other=0.0)
     inv = tl.div_rn(tl.full(ss.shape, 1.0, tl.float32), tl.sqrt_rn(_div(ss, nD) + norm_eps))
     t, z, a = _affine(hm, inv, alpha_ptr, bias_ptr, n, M, MP)
     sig = _sigmoid(z)
@@ -191,7 +179,7 @@ def _mix_rows(x_ptr, part_ptr, ssq_ptr, alpha_ptr, bias_ptr, hin_ptr, hpost_ptr,
     tl.store(hpost_ptr + rl * n + (m - n)[None, :], post_mult * sig, mask=r2 & post)
     tl.store(hres_ptr + rl * (n * n) + (m - 2 * n)[None, :], z, mask=r2 & res)
 
-    # h_pre as a [rows, NP] tile, then h_in = sum_k h_pre_k * x_k over D in blocks
+    # h_pre as a [BLOCK_T, NP] tile, then h_in = sum_k h_pre_k * x_k over D in blocks
     k = tl.arange(0, NP)
     hp = tl.sum(tl.where(m[None, None, :] == k[None, :, None], hpre[:, None, :], 0.0), axis=2)
     base = (rows // S).to(tl.int64) * sxb + (rows % S).to(tl.int64) * sxs
@@ -204,56 +192,6 @@ def _mix_rows(x_ptr, part_ptr, ssq_ptr, alpha_ptr, bias_ptr, hin_ptr, hpost_ptr,
                      mask=rmask[:, None, None] & kmask & dm[None, None, :], other=0.0)
         hin = tl.sum(hp[:, :, None] * xt.to(tl.float32), axis=1)
         tl.store(hin_ptr + rl * D + d[None, :], hin.to(hin_ptr.dtype.element_ty), mask=r2 & dm[None, :])
-
-
-@triton.jit
-def _fwd_mix_kernel(x_ptr, part_ptr, ssq_ptr, alpha_ptr, bias_ptr,
-                    hin_ptr, hpost_ptr, hres_ptr, hmix_ptr, inv_ptr, hpre_ptr,
-                    T, S, n, D, nD, M, KSPLIT, norm_eps, hc_eps, post_mult,
-                    sxb, sxs, sxn, sxd,
-                    MP: tl.constexpr, NP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-    # last token blocks first: the GEMM kernel read them last, so their x may still be in L2
-    tb = tl.num_programs(0) - 1 - tl.program_id(0)
-    rows = tb * BLOCK_T + tl.arange(0, BLOCK_T)
-    _mix_rows(x_ptr, part_ptr, ssq_ptr, alpha_ptr, bias_ptr, hin_ptr, hpost_ptr, hres_ptr, hmix_ptr, inv_ptr,
-              hpre_ptr, rows, T, S, n, D, nD, M, KSPLIT, norm_eps, hc_eps, post_mult, sxb, sxs, sxn, sxd,
-              MP, NP, BLOCK_T, BLOCK_D, False)
-
-
-@triton.jit
-def _fwd_fused_kernel(x_ptr, w_ptr, part_ptr, ssq_ptr, sync_ptr, alpha_ptr, bias_ptr,
-                      hin_ptr, hpost_ptr, hres_ptr, hmix_ptr, inv_ptr, hpre_ptr,
-                      T, S, n, D, nD, M, KSPLIT, KCHUNK, norm_eps, hc_eps, post_mult,
-                      sxb, sxs, sxn, sxd,
-                      X_PARTS: tl.constexpr, MP: tl.constexpr, NP: tl.constexpr, BLOCK_T: tl.constexpr,
-                      BLOCK_K: tl.constexpr, MIX_T: tl.constexpr, BLOCK_D: tl.constexpr, EMU: tl.constexpr):
-    """The GEMM and the mix in one launch, so that a token block's x is mixed while it is still in L2.
-
-    Each token block is KSPLIT GEMM items (K chunks) then BLOCK_T / MIX_T mix items (row slices). A mix
-    item waits until its block's GEMM items have all published their partials (sync_ptr[tb] counts them).
-    Items are taken from a ticket counter (sync_ptr[n_blocks]) rather than by program id: the hardware
-    may start programs in any order, and a mix item may only wait for items that have already started,
-    which a ticket guarantees (a GEMM item never waits). Partials are summed in K order: deterministic."""
-    ntb = tl.cdiv(T, BLOCK_T)
-    per = KSPLIT + BLOCK_T // MIX_T
-    w = tl.atomic_add(sync_ptr + ntb, 1)
-    tb = w // per
-    r = w - tb * per
-    if r < KSPLIT:
-        _gemm_split(x_ptr, w_ptr, part_ptr, ssq_ptr, r, tb, T, S, n, D, nD, KCHUNK, sxb, sxs, sxn, sxd,
-                    X_PARTS, MP, BLOCK_T, BLOCK_K, EMU)
-        # every thread's partial stores before the release that publishes them
-        tl.debug_barrier()
-        tl.atomic_add(sync_ptr + tb, 1, sem="release")
-    else:
-        done = tl.atomic_add(sync_ptr + tb, 0, sem="acquire")
-        while done < KSPLIT:
-            done = tl.atomic_add(sync_ptr + tb, 0, sem="acquire")
-        tl.debug_barrier()
-        rows = tb * BLOCK_T + (r - KSPLIT) * MIX_T + tl.arange(0, MIX_T)
-        _mix_rows(x_ptr, part_ptr, ssq_ptr, alpha_ptr, bias_ptr, hin_ptr, hpost_ptr, hres_ptr, hmix_ptr,
-                  inv_ptr, hpre_ptr, rows, T, S, n, D, nD, M, KSPLIT, norm_eps, hc_eps, post_mult,
-                  sxb, sxs, sxn, sxd, MP, NP, MIX_T, BLOCK_D, True)
 
 
 @triton.jit

@@ -17,7 +17,6 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # many blocks (that is what exposes block-accumulation bugs); the adapter declares BLOCK_ND/BLOCK_T.
 CPU_CONFIG = {
     "gemm_t": 16, "gemm_k": 64, "gemm_programs": 4, "gemm_warps": 4, "gemm_stages": 1,
-    "fwd_fused": True, "fused_kchunk": 8,
     "mix_t": 16, "mix_elems": 4096, "mix_warps": 4,
     "tok_t": 16, "tok_elems": 4096, "tok_warps": 4,
     "BLOCK_T": 16, "BLOCK_ND": 64, "nd_programs": 8, "nd_warps": 4, "nd_stages": 1,
@@ -26,7 +25,6 @@ CPU_CONFIG = {
 # chosen on an H200 (T = 16384, n = 4, D = 4096, bf16) among the variants of scratch tuning runs
 GPU_CONFIG = {
     "gemm_t": 64, "gemm_k": 64, "gemm_programs": 4, "gemm_warps": 4, "gemm_stages": 4,
-    "fwd_fused": False, "fused_kchunk": 16,
     "mix_t": 16, "mix_elems": 8192, "mix_warps": 4,
     "tok_t": 16, "tok_elems": 8192, "tok_warps": 8,
     "BLOCK_T": 32, "BLOCK_ND": 64, "nd_programs": 4, "nd_warps": 4, "nd_stages": 3,
@@ -93,43 +91,28 @@ def mhc_pre_forward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: 
     bt, bk = cfg["gemm_t"], cfg["gemm_k"]
     # K tiles: BLOCK_K features of one stream; split-K over them fills the GPU even at small T
     ntb, nk = triton.cdiv(T, bt), n * triton.cdiv(D, bk)
-    if cfg["fwd_fused"]:
-        # short K chunks: the x of the token blocks in flight must stay in L2 until they are mixed
-        kchunk = min(nk, cfg["fused_kchunk"])
-    else:
-        kchunk = triton.cdiv(nk, max(1, min(nk, triton.cdiv(_programs(dev, cfg["gemm_programs"]), ntb))))
+    ksplit = max(1, min(nk, triton.cdiv(_programs(dev, cfg["gemm_programs"]), ntb)))
+    kchunk = triton.cdiv(nk, ksplit)
     ksplit = triton.cdiv(nk, kchunk)
     warps, nst = gemm_launch(cfg, MP, x.element_size())
     part = torch.empty((ksplit, T, MP), **f32)
     ssq = torch.empty((ksplit, T), **f32)
+    K._fwd_gemm_kernel[(ksplit, ntb)](
+        x, wparts, part, ssq, T, S, n, D, nD, kchunk, *x.stride(),
+        X_PARTS=_X_PARTS[x.dtype], MP=MP, BLOCK_T=bt, BLOCK_K=bk,
+        EMU=INTERPRET, num_warps=warps, num_stages=nst)
     h_in = torch.empty((B, S, D), dtype=x.dtype, device=dev)
     h_post = torch.empty((B, S, n), **f32)
     h_res = torch.empty((B, S, n, n), **f32)
     h_mix = torch.empty((T, MP), **f32)
     inv = torch.empty((T,), **f32)
     h_pre = torch.empty((T, n), **f32)
-    outs = (h_in, h_post, h_res, h_mix, inv, h_pre)
     mt = cfg["mix_t"]
-    block_d = min(_p2(D), max(16, cfg["mix_elems"] // (mt * NP)))
-    if cfg["fwd_fused"]:
-        if bt % mt:
-            raise ValueError(f"mhc_pre_triton config: gemm_t={bt} must be a multiple of mix_t={mt}")
-        # arrivals per token block, then the ticket counter (see _fwd_fused_kernel)
-        sync = torch.zeros((ntb + 1,), dtype=torch.int32, device=dev)
-        K._fwd_fused_kernel[(ntb * (ksplit + bt // mt),)](
-            x, wparts, part, ssq, sync, alpha, bias, *outs,
-            T, S, n, D, nD, M, ksplit, kchunk, norm_eps, hc_eps, post_mult, *x.stride(),
-            X_PARTS=_X_PARTS[x.dtype], MP=MP, NP=NP, BLOCK_T=bt, BLOCK_K=bk, MIX_T=mt, BLOCK_D=block_d,
-            EMU=INTERPRET, num_warps=warps, num_stages=nst)
-        return (*outs, wparts)
-    K._fwd_gemm_kernel[(ksplit, ntb)](
-        x, wparts, part, ssq, T, S, n, D, nD, kchunk, *x.stride(),
-        X_PARTS=_X_PARTS[x.dtype], MP=MP, BLOCK_T=bt, BLOCK_K=bk,
-        EMU=INTERPRET, num_warps=warps, num_stages=nst)
     K._fwd_mix_kernel[(triton.cdiv(T, mt),)](
-        x, part, ssq, alpha, bias, *outs,
+        x, part, ssq, alpha, bias, h_in, h_post, h_res, h_mix, inv, h_pre,
         T, S, n, D, nD, M, ksplit, norm_eps, hc_eps, post_mult, *x.stride(),
-        MP=MP, NP=NP, BLOCK_T=mt, BLOCK_D=block_d, num_warps=cfg["mix_warps"])
+        MP=MP, NP=NP, BLOCK_T=mt, BLOCK_D=min(_p2(D), max(16, cfg["mix_elems"] // (mt * NP))),
+        num_warps=cfg["mix_warps"])
     return h_in, h_post, h_res, h_mix, inv, h_pre, wparts
 
 
