@@ -84,9 +84,29 @@ def load(dir_: Path, op: str) -> tuple[list[dict], dict[str, dict]]:
             continue  # a line cut by a killed run
         if "run" in d:
             runs[d["run"].get("run_id", "?")] = d["run"]
+            _drop_unplanned(cells, runs, d["run"])
         else:
             cells[cell_key(d)] = d
     return list(cells.values()), runs
+
+
+def _drop_unplanned(cells: dict[tuple, dict], runs: dict[str, dict], new: dict) -> None:
+    """A later run of the same size preset that plans a (backend, dtype) without one of its earlier
+    cases supersedes that cell: the case left the preset (e.g. moved to ``full``), and its old result
+    would otherwise stand in the report, and in STATUS, for good. Runs of other presets, subsets of
+    backends or dtypes (cells of pairs the new run does not plan) and --case filters are left alone:
+    only a pair's whole preset is compared, and only when the new run ran without a case filter."""
+    planned = new.get("planned")
+    if not planned or "--case" in (new.get("command") or ""):
+        return
+    pairs = {tuple(k.split("|", 2)[:2]) for k in planned}
+    keep = set(planned)
+    for key, c in list(cells.items()):
+        old = runs.get(c.get("run_id"), {})
+        if old is new or old.get("sizes") != new.get("sizes") or (c["backend"], c["dtype"]) not in pairs:
+            continue
+        if planned_key(c["backend"], c["dtype"], c["case"]["name"]) not in keep:
+            del cells[key]
 
 
 def latest_run(runs: dict[str, dict]) -> dict:

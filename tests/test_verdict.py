@@ -154,6 +154,32 @@ def test_a_report_mixing_runs_names_them_and_tags_earlier_cells(tmp_path):
     assert "boom" not in md  # the newer result of the same cell replaces it
 
 
+def test_a_case_that_left_the_preset_leaves_the_report(tmp_path):
+    from harness.cell import error_cell
+    from harness.registry import get_operator
+    from harness.report import ReportWriter, load, planned_key
+
+    op = get_operator("mhc_pre")
+    a, b = op.cases("smoke", "cpu")[:2]
+
+    def run(rid, cases, dtypes, command="harness run --sizes sweep"):
+        plan = [planned_key("golden", dt, c.name) for c in cases for dt in dtypes]
+        w = ReportWriter(tmp_path, "cpu", {"run_id": rid, "commit": rid, "sizes": "sweep", "command": command,
+                                           "planned": {"mhc_pre": plan}})
+        for c in cases:
+            for dt in dtypes:
+                w.append(error_cell("mhc_pre", "golden", c, dt, "cpu", 0, "ERROR", rid))
+
+    def names():
+        return sorted((c["case"]["name"], c["dtype"], c["run_id"]) for c in load(tmp_path / "cpu", "mhc_pre")[0])
+
+    run("r1", (a, b), ("float32", "float16"))
+    run("r2", (a,), ("float32", "float16"), command="harness run --sizes sweep --case " + a.name)
+    assert len(names()) == 4  # a --case run plans a part of the preset: b stays
+    run("r3", (a,), ("float32",))  # b left the preset: its float32 cell goes, float16 was not planned
+    assert names() == sorted([(a.name, "float32", "r3"), (a.name, "float16", "r2"), (b.name, "float16", "r1")])
+
+
 def test_a_report_of_a_run_stopped_midway_lists_the_cells_without_a_result(tmp_path):
     from harness.cell import error_cell
     from harness.registry import get_operator
