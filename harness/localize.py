@@ -100,6 +100,7 @@ def localize(
                 "axis": ax.name,
                 "block": size,
                 "slices": ns,
+                "extent": n,
                 "bad": bad,
                 "zero": zero,
                 "nonfinite": nf,
@@ -130,6 +131,12 @@ def describe(loc: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _last_block_is_full_enough(a: dict[str, Any]) -> bool:
+    """At least half a block: a short tail that happens to be right says little about accumulation."""
+    tail = a.get("extent", a["slices"] * a["block"]) - (a["slices"] - 1) * a["block"]
+    return 2 * tail >= a["block"]
+
+
 def diagnose(loc: dict[str, Any], res: Any) -> str:
     """A one-line likely cause from the pattern (heuristics, stated as such)."""
     if res.reason.startswith("all zeros"):
@@ -155,7 +162,7 @@ def diagnose(loc: dict[str, Any], res: Any) -> str:
                     f"only {name} 0 is right: a {name} stride is wrong (e.g. one tensor "
                     f"addressed with another tensor's {name} stride), or {name} > 0 never written"
                 )
-        elif bad == set(range(0, n - 1)):
+        elif bad == set(range(0, n - 1)) and _last_block_is_full_enough(a):
             hints.append(
                 f"only the last {name} block is right: accumulation across {name} blocks lost "
                 f"(each block overwrites the previous one)"

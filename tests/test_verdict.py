@@ -133,6 +133,18 @@ def test_ranges_text():
     assert not localize.matches("all-but-first", [0, 1, 2, 3], 4)
 
 
+def test_last_block_hint_needs_a_last_block_worth_the_name():
+    from types import SimpleNamespace
+
+    res = SimpleNamespace(reason="max error 3x its bound", verdict="FAIL", cosine=0.95, rel_rms=0.1,
+                          ratio_max=3.0, ratio_rms=2.0)
+    def loc(extent):
+        return {"axes": [{"axis": "vocab", "block": 1024, "slices": 2, "extent": extent, "bad": [0], "zero": []}]}
+    assert "only the last vocab block is right" in localize.diagnose(loc(2000), res)
+    # V = 1025: the one element of the last block being right is no sign of lost accumulation
+    assert "only the last" not in localize.diagnose(loc(1025), res)
+
+
 def test_a_report_mixing_runs_names_them_and_tags_earlier_cells(tmp_path):
     from harness.cell import error_cell
     from harness.registry import get_operator
