@@ -109,6 +109,16 @@ def _drop_unplanned(cells: dict[tuple, dict], runs: dict[str, dict], new: dict) 
             del cells[key]
 
 
+def recorded_durations(dir_: Path, operators: list[str]) -> dict[str, float]:
+    """Seconds per cell (planned_key) of the latest result of each cell in this report directory."""
+    out: dict[str, float] = {}
+    for op in operators:
+        for c in load(dir_, op)[0]:
+            if isinstance(c.get("duration_s"), (int, float)):
+                out[planned_key(c["backend"], c["dtype"], c["case"]["name"])] = float(c["duration_s"])
+    return out
+
+
 def latest_run(runs: dict[str, dict]) -> dict:
     """The newest run record: the last one appended (dates have minute resolution; ties are common)."""
     return list(runs.values())[-1]

@@ -167,8 +167,10 @@ def run(
     workers: int | None = None,
     timeout: float = 300.0,
     startup_timeout: float = 600.0,
+    durations: dict[str, float] | None = None,
 ) -> list[dict]:
-    """Run the plan; calls ``on_cell`` for each finished cell (SKIP cells included)."""
+    """Run the plan; calls ``on_cell`` for each finished cell (SKIP cells included). ``durations``:
+    seconds per cell (report.planned_key) from an earlier run, to start the longest groups first."""
     results: list[dict] = []
     for t in p.tasks:
         if t.skip:
@@ -196,14 +198,7 @@ def run(
         nw = workers or min(2, os.cpu_count() or 1)
         gpus = [None] * nw
         threads = max(1, (os.cpu_count() or 1) // nw)
-    groups: dict[tuple, list[Task]] = {}
-    for t in todo:
-        groups.setdefault((t.operator, t.case.name, repr(sorted(t.case.params.items())), t.dtype), []).append(t)
-    # interleave operators, so that a sweep cut short still has cells of every operator
-    by_op: dict[str, list[list[Task]]] = {}
-    for g in groups.values():
-        by_op.setdefault(g[0].operator, []).append(g)
-    queue = [g for i in range(max(map(len, by_op.values()))) for gs in by_op.values() if i < len(gs) for g in [gs[i]]]
+    queue = order_groups(todo, durations or {})
     # Out of memory while other workers share the GPU says little about the backend: such cells are
     # run again at the end, one worker per GPU, and only that second result is reported.
     shared = len(gpus) > len(set(gpus)) and gpus[0] is not None
@@ -292,8 +287,33 @@ def run(
     if retry:
         print(f"{len(retry)} cell(s) ran out of memory on a shared GPU; running them again, one worker per GPU",
               flush=True)
-        results += run(Plan(tasks=retry), plugins, on_cell, len(set(gpus)), timeout, startup_timeout)
+        results += run(Plan(tasks=retry), plugins, on_cell, len(set(gpus)), timeout, startup_timeout, durations)
     return results
+
+
+def order_groups(todo: list[Task], durations: dict[str, float]) -> list[list[Task]]:
+    """Cells grouped by (operator, case, dtype): one worker runs a group (its inputs are drawn once).
+
+    With recorded durations the groups run longest first, so that the long ones do not start last and
+    leave the other workers idle at the end (a group never seen before counts as the median group).
+    Without them, operators are interleaved, so that a sweep cut short still has cells of each."""
+    from .report import planned_key
+
+    groups: dict[tuple, list[Task]] = {}
+    for t in todo:
+        groups.setdefault((t.operator, t.case.name, repr(sorted(t.case.params.items())), t.dtype), []).append(t)
+    if durations:
+        known = sorted(durations.values())
+        typical = known[len(known) // 2]
+
+        def cost(g: list[Task]) -> float:
+            return sum(durations.get(planned_key(t.backend, t.dtype, t.case.name), typical) for t in g)
+
+        return sorted(groups.values(), key=cost, reverse=True)  # stable: ties keep the plan's order
+    by_op: dict[str, list[list[Task]]] = {}
+    for g in groups.values():
+        by_op.setdefault(g[0].operator, []).append(g)
+    return [g for i in range(max(map(len, by_op.values()))) for gs in by_op.values() if i < len(gs) for g in [gs[i]]]
 
 
 def is_oom(cell: dict) -> bool:

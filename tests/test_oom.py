@@ -36,3 +36,20 @@ def test_backend_out_of_memory_on_a_shared_gpu(monkeypatch):
 def test_workers_are_told_whether_they_share_a_gpu():
     assert runner.worker_env("cuda", 0, shared=True)["HARNESS_GPU_SHARED"] == "1"
     assert runner.worker_env("cuda", 0)["HARNESS_GPU_SHARED"] == "0"
+
+
+def test_recorded_durations_start_the_longest_groups_first(tmp_path):
+    from harness.cell import error_cell
+    from harness.report import ReportWriter, planned_key, recorded_durations
+
+    p = runner.plan(["mhc_pre", "softmax_xent"], "smoke", ["golden", "torch"], ["float32"], "cpu")
+    groups = runner.order_groups(p.tasks, {})
+    assert {g[0].operator for g in groups[:2]} == {"mhc_pre", "softmax_xent"}  # interleaved without timings
+    slow = groups[-1][0]
+    w = ReportWriter(tmp_path, "cpu", {"run_id": "r1", "commit": "c"})
+    for t in p.tasks:
+        cell = error_cell(t.operator, t.backend, t.case, t.dtype, "cpu", 0, "ERROR", "x")
+        w.append({**cell, "duration_s": 99.0 if t is slow else 1.0})
+    durations = recorded_durations(tmp_path / "cpu", ["mhc_pre", "softmax_xent"])
+    assert durations[planned_key(slow.backend, slow.dtype, slow.case.name)] == 99.0
+    assert runner.order_groups(p.tasks, durations)[0][0] is slow  # the slowest group now goes first
