@@ -239,6 +239,7 @@ def cmd_report(a: argparse.Namespace) -> int:
     out = []
     for d in sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []:
         for j in sorted(d.glob("*.jsonl")):
+            report.compact(d, j.stem)  # only what the report shows: the history lives in git
             out += report.render(d, j.stem)
     status = write_status(root)
     print("rendered: " + ", ".join(str(p) for p in out + [status] if p.suffix == ".md"))

@@ -109,6 +109,23 @@ def _drop_unplanned(cells: dict[tuple, dict], runs: dict[str, dict], new: dict) 
             del cells[key]
 
 
+def compact(dir_: Path, op: str) -> None:
+    """Rewrites ``op``.jsonl with only what the report shows: each cell's latest result and the run
+    records those results (and the latest run) come from. Appending every run keeps the whole history,
+    which grows without bound in a repository that commits its reports; git keeps the history."""
+    p = dir_ / f"{op}.jsonl"
+    cells, runs = load(dir_, op)
+    if not runs:
+        return
+    keep = {c.get("run_id") for c in cells} | {latest_run(runs).get("run_id", "?")}
+    lines = []
+    for rid, run in runs.items():
+        if rid in keep:
+            lines.append(json.dumps({"run": run}))
+            lines += [json.dumps(c, default=str) for c in cells if c.get("run_id") == rid]
+    atomic_write(p, "\n".join(lines) + "\n")
+
+
 def recorded_durations(dir_: Path, operators: list[str]) -> dict[str, float]:
     """Seconds per cell (planned_key) of the latest result of each cell in this report directory."""
     out: dict[str, float] = {}
