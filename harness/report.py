@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -327,17 +328,39 @@ def heatmaps(dir_: Path, op: str, cells: list[dict]) -> dict[tuple, str]:
             name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{op}-{c['backend']}-{c['dtype']}-{c['case']['name']}-{r['name']}")
             img.mkdir(parents=True, exist_ok=True)
             vals = [[min(v, 1e30) for v in row] for row in g["values"]]
+            ylabel = f"{g['axes'][0]} (blocks of {g['block'][0]})"
+            xlabel = f"{g['axes'][1]} (blocks of {g['block'][1]})"
+            title = f"{r['name']} max |error| — {c['backend']} {c['dtype']} {c['case']['name']}"[:80]
+            path = img / f"{name}.png"
+            out[(cell_key(c), r["name"])] = f"img/{name}.png"
+            # a picture costs ~0.5 s; one whose data has not changed since it was drawn is kept
+            digest = hashlib.sha256(json.dumps([vals, ylabel, xlabel, title]).encode()).hexdigest()[:16]
+            if _png_digest(path) == digest:
+                continue
             fig, ax = plt.subplots(figsize=(6, 3.2))
             im = ax.imshow(vals, aspect="auto", cmap="magma", interpolation="nearest")
-            ax.set_ylabel(f"{g['axes'][0]} (blocks of {g['block'][0]})")
-            ax.set_xlabel(f"{g['axes'][1]} (blocks of {g['block'][1]})")
-            ax.set_title(f"{r['name']} max |error| — {c['backend']} {c['dtype']} {c['case']['name']}"[:80], fontsize=8)
+            ax.set_ylabel(ylabel)
+            ax.set_xlabel(xlabel)
+            ax.set_title(title, fontsize=8)
             fig.colorbar(im, ax=ax)
             fig.tight_layout()
-            fig.savefig(img / f"{name}.png", dpi=80)
+            fig.savefig(path, dpi=80, metadata={"Comment": f"harness-digest {digest}"})
             plt.close(fig)
-            out[(cell_key(c), r["name"])] = f"img/{name}.png"
     return out
+
+
+def _png_digest(path: Path) -> str | None:
+    """The data digest a heatmap was drawn from (its PNG comment), or None."""
+    if not path.exists():
+        return None
+    try:
+        from PIL import Image
+
+        with Image.open(path) as im:
+            comment = im.text.get("Comment", "")
+    except Exception:  # no Pillow, or not a readable PNG: draw it again
+        return None
+    return comment.split(" ", 1)[1] if comment.startswith("harness-digest ") else None
 
 
 def render(dir_: Path, op: str) -> list[Path]:

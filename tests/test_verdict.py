@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from harness import localize
@@ -222,3 +223,23 @@ def test_a_report_of_a_run_stopped_midway_lists_the_cells_without_a_result(tmp_p
     w.append(error_cell("mhc_pre", "golden", b, "float32", "cpu", 0, "ERROR", "boom"))
     w.append(error_cell("mhc_pre", "golden", b, "float16", "cpu", 0, "ERROR", "boom"))
     assert "planned cells" not in render_markdown("mhc_pre", *load(tmp_path / "cpu", "mhc_pre"))
+
+
+def test_heatmaps_are_drawn_once_per_data(tmp_path):
+    import os
+
+    pytest.importorskip("matplotlib")
+    from harness.report import heatmaps
+
+    grid = {"values": [[0.0, 1.0], [2.0, 3.0]], "axes": ["head", "position"], "block": [1, 64]}
+    cell = {"backend": "triton", "dtype": "float32", "case": {"name": "c1", "params": {}, "microbatches": 0},
+            "components": [{"name": "dq", "verdict": "FAIL", "localization": {"grid": grid}}]}
+    (path,) = heatmaps(tmp_path, "op", [cell]).values()
+    png = tmp_path / path
+    first = png.stat().st_mtime_ns
+    os.utime(png, ns=(first - 10**9, first - 10**9))  # so that a rewrite would show
+    heatmaps(tmp_path, "op", [cell])
+    assert png.stat().st_mtime_ns == first - 10**9  # same data: the picture is kept
+    grid["values"][0][0] = 5.0
+    heatmaps(tmp_path, "op", [cell])
+    assert png.stat().st_mtime_ns != first - 10**9  # new data: drawn again
