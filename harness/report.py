@@ -128,12 +128,12 @@ def compact(dir_: Path, op: str) -> None:
 
 
 def recorded_durations(dir_: Path, operators: list[str]) -> dict[str, float]:
-    """Seconds per cell (planned_key) of the latest result of each cell in this report directory."""
+    """Seconds per cell ("operator|" + planned_key) of each cell's latest result in this directory."""
     out: dict[str, float] = {}
     for op in operators:
         for c in load(dir_, op)[0]:
             if isinstance(c.get("duration_s"), (int, float)):
-                out[planned_key(c["backend"], c["dtype"], c["case"]["name"])] = float(c["duration_s"])
+                out[f"{op}|" + planned_key(c["backend"], c["dtype"], c["case"]["name"])] = float(c["duration_s"])
     return out
 
 

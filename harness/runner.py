@@ -170,7 +170,7 @@ def run(
     durations: dict[str, float] | None = None,
 ) -> list[dict]:
     """Run the plan; calls ``on_cell`` for each finished cell (SKIP cells included). ``durations``:
-    seconds per cell (report.planned_key) from an earlier run, to start the longest groups first."""
+    seconds per cell (report.recorded_durations) from earlier runs, to start the longest groups first."""
     results: list[dict] = []
     for t in p.tasks:
         if t.skip:
@@ -307,7 +307,8 @@ def order_groups(todo: list[Task], durations: dict[str, float]) -> list[list[Tas
         typical = known[len(known) // 2]
 
         def cost(g: list[Task]) -> float:
-            return sum(durations.get(planned_key(t.backend, t.dtype, t.case.name), typical) for t in g)
+            return sum(durations.get(f"{t.operator}|" + planned_key(t.backend, t.dtype, t.case.name), typical)
+                       for t in g)
 
         return sorted(groups.values(), key=cost, reverse=True)  # stable: ties keep the plan's order
     by_op: dict[str, list[list[Task]]] = {}

@@ -51,5 +51,5 @@ def test_recorded_durations_start_the_longest_groups_first(tmp_path):
         cell = error_cell(t.operator, t.backend, t.case, t.dtype, "cpu", 0, "ERROR", "x")
         w.append({**cell, "duration_s": 99.0 if t is slow else 1.0})
     durations = recorded_durations(tmp_path / "cpu", ["mhc_pre", "softmax_xent"])
-    assert durations[planned_key(slow.backend, slow.dtype, slow.case.name)] == 99.0
+    assert durations[f"{slow.operator}|" + planned_key(slow.backend, slow.dtype, slow.case.name)] == 99.0
     assert runner.order_groups(p.tasks, durations)[0][0] is slow  # the slowest group now goes first
