@@ -79,6 +79,8 @@ GPU = Config(chunk=2048, slab=8192, vblock=256, rows=16, logits=Gemm(128, 128, 6
 # 0.07x (every 8: 0.69x). Two float32 accumulators need the smaller 128x128 tile (at 128x256 they
 # spill). Measured on an H200 (N=8192, H=4096, V=128256, bf16, fwd+bwd, torch with bf16 logits 41.3
 # ms): fast 49.4 -> 53.2 ms, lean 59.8 -> 64.1 ms; the logits would be fast and wrong otherwise.
+# At one 2048-token chunk (H200, .scratch run, bitwise-equal logits): this tile 4.85 ms (444 TFLOP/s); the
+# same 256-wide chains as 128x128x128 KS=2: 3 stages 4.92, 2 stages 5.91; 5 stages 5.02; GROUP 8 4.94.
 GPU_F16 = GPU
 # float32 operands: ieee dots run on the FMA units, where small tiles do as well and fit the registers
 _F32 = Gemm(64, 64, 32, 8, 4, 3)
