@@ -124,8 +124,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     for t in plan.tasks:
         b = registry.get_backend(t.operator, t.backend)
         marks = [pytest.mark.conformance]
-        if t.dtype in b.expected_gaps:
-            marks.append(pytest.mark.xfail(reason=f"declared: {b.expected_gaps[t.dtype]}", strict=False))
+        gap = b.expected_gap(t.dtype, t.case.tags)
+        if gap:
+            marks.append(pytest.mark.xfail(reason=f"declared: {gap}", strict=False))
         params.append(pytest.param(t, marks=marks))
         ids.append(f"{t.operator}-{t.backend}-{t.dtype}-{t.case.name}")
     metafunc.parametrize("harness_cell", params, ids=ids)

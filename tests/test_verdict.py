@@ -243,3 +243,14 @@ def test_heatmaps_are_drawn_once_per_data(tmp_path):
     grid["values"][0][0] = 5.0
     heatmaps(tmp_path, "op", [cell])
     assert png.stat().st_mtime_ns != first - 10**9  # new data: drawn again
+
+
+def test_a_declared_gap_can_name_an_input_class():
+    from harness.registry import Backend
+
+    b = Backend(operator="op", name="b", impl=lambda: None,
+                expected_gaps={"float16": "all fp16", "float32@confident+smoothing": "cancels"})
+    assert b.expected_gap("float16", ()) == "all fp16"
+    assert b.expected_gap("float32", ("confident", "smoothing", "V>1024")) == "cancels"
+    assert b.expected_gap("float32", ("confident",)) is None  # every named tag is needed
+    assert b.expected_gap("bfloat16", ("confident", "smoothing")) is None

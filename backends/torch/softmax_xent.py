@@ -40,6 +40,11 @@ def softmax_xent_torch(logits: Tensor, targets: Tensor, **options: object) -> di
 register_backend(Backend(
     operator="softmax_xent", name="torch", impl=softmax_xent_torch, devices=("cpu", "cuda"),
     expected_gaps={"float16": "eager cross-entropy computes the loss and softmax in the case dtype",
-                   "bfloat16": "eager cross-entropy computes the loss and softmax in the case dtype"},
+                   "bfloat16": "eager cross-entropy computes the loss and softmax in the case dtype",
+                   # dlogits of the confident label-smoothing cases: max error 2.8x (N128-V1025) and 3.0x
+                   # (N4096-V32000) its bound on an H200, 6.0x (N16-V1025) on CPU; the kernels subtract the
+                   # true-class term before any rounding and pass there
+                   "float32@confident+smoothing": "eager autograd forms the true-class gradient as "
+                   "g_y - p_y * sum(g), which cancels at confident rows with label smoothing"},
     dtypes=("float32", "bfloat16", "float16"), deterministic=True, sources=(__file__,),
     description="F.cross_entropy (+ z-loss via logsumexp) in the case dtype, autograd backward"))
