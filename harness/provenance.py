@@ -38,8 +38,10 @@ def git_commit() -> str:
         head = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
         ).stdout.strip()
+        # the harness's own outputs (reports/) do not make the sources dirty: a run that follows another
+        # one, before its reports are committed, would otherwise name a dirty tree
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)reports"],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,
