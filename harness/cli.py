@@ -98,6 +98,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     header["run_id"] = uuid.uuid4().hex[:10]
     header["command"] = "harness " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     header["sizes"] = a.sizes
+    header["case_filter"] = a.case  # a filtered run plans part of the preset (see report._drop_unplanned)
     header["backends"] = {
         f"{t.operator}/{t.backend}": backend_provenance(registry.get_backend(t.operator, t.backend).source_files())
         for t in plan.tasks

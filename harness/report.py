@@ -42,6 +42,16 @@ def planned_key(backend: str, dtype: str, case_name: str) -> str:
     return f"{backend}|{dtype}|{case_name}"
 
 
+def planned_key_of(c: dict) -> str:
+    """planned_key of a stored cell."""
+    return planned_key(c["backend"], c["dtype"], c["case"]["name"])
+
+
+def duration_key(op: str, backend: str, dtype: str, case_name: str) -> tuple[str, str]:
+    """Key of recorded_durations: a cell across operators (two may share backend, dtype and case name)."""
+    return op, planned_key(backend, dtype, case_name)
+
+
 class ReportWriter:
     """Appends cells to JSONL files, one per operator, under ``root/<device_class>/``."""
 
@@ -98,7 +108,7 @@ def _drop_unplanned(cells: dict[tuple, dict], runs: dict[str, dict], new: dict) 
     backends or dtypes (cells of pairs the new run does not plan) and --case filters are left alone:
     only a pair's whole preset is compared, and only when the new run ran without a case filter."""
     planned = new.get("planned")
-    if not planned or "--case" in (new.get("command") or ""):
+    if not planned or new.get("case_filter"):
         return
     pairs = {tuple(k.split("|", 2)[:2]) for k in planned}
     keep = set(planned)
@@ -106,7 +116,7 @@ def _drop_unplanned(cells: dict[tuple, dict], runs: dict[str, dict], new: dict) 
         old = runs.get(c.get("run_id"), {})
         if old is new or old.get("sizes") != new.get("sizes") or (c["backend"], c["dtype"]) not in pairs:
             continue
-        if planned_key(c["backend"], c["dtype"], c["case"]["name"]) not in keep:
+        if planned_key_of(c) not in keep:
             del cells[key]
 
 
@@ -127,13 +137,13 @@ def compact(dir_: Path, op: str) -> None:
     atomic_write(p, "\n".join(lines) + "\n")
 
 
-def recorded_durations(dir_: Path, operators: list[str]) -> dict[str, float]:
-    """Seconds per cell ("operator|" + planned_key) of each cell's latest result in this directory."""
-    out: dict[str, float] = {}
+def recorded_durations(dir_: Path, operators: list[str]) -> dict[tuple[str, str], float]:
+    """Seconds per cell (duration_key) of each cell's latest result in this directory."""
+    out: dict[tuple[str, str], float] = {}
     for op in operators:
         for c in load(dir_, op)[0]:
             if isinstance(c.get("duration_s"), (int, float)):
-                out[f"{op}|" + planned_key(c["backend"], c["dtype"], c["case"]["name"])] = float(c["duration_s"])
+                out[duration_key(op, c["backend"], c["dtype"], c["case"]["name"])] = float(c["duration_s"])
     return out
 
 
@@ -199,7 +209,7 @@ def render_markdown(op: str, cells: list[dict], runs: dict[str, dict]) -> str:
     if planned:
         # a --resume run counts the results it reused from the runs it resumed
         mine = {latest_id, *latest.get("resumes", [])}
-        done = {planned_key(c["backend"], c["dtype"], c["case"]["name"]) for c in cells if c.get("run_id") in mine}
+        done = {planned_key_of(c) for c in cells if c.get("run_id") in mine}
         missing = [k for k in planned if k not in done]
         if missing:
             by_case: dict[str, list[str]] = {}

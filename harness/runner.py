@@ -167,7 +167,7 @@ def run(
     workers: int | None = None,
     timeout: float = 300.0,
     startup_timeout: float = 600.0,
-    durations: dict[str, float] | None = None,
+    durations: dict[tuple[str, str], float] | None = None,
 ) -> list[dict]:
     """Run the plan; calls ``on_cell`` for each finished cell (SKIP cells included). ``durations``:
     seconds per cell (report.recorded_durations) from earlier runs, to start the longest groups first."""
@@ -291,13 +291,13 @@ def run(
     return results
 
 
-def order_groups(todo: list[Task], durations: dict[str, float]) -> list[list[Task]]:
+def order_groups(todo: list[Task], durations: dict[tuple[str, str], float]) -> list[list[Task]]:
     """Cells grouped by (operator, case, dtype): one worker runs a group (its inputs are drawn once).
 
     With recorded durations the groups run longest first, so that the long ones do not start last and
     leave the other workers idle at the end (a group never seen before counts as the median group).
     Without them, operators are interleaved, so that a sweep cut short still has cells of each."""
-    from .report import planned_key
+    from .report import duration_key
 
     groups: dict[tuple, list[Task]] = {}
     for t in todo:
@@ -307,8 +307,7 @@ def order_groups(todo: list[Task], durations: dict[str, float]) -> list[list[Tas
         typical = known[len(known) // 2]
 
         def cost(g: list[Task]) -> float:
-            return sum(durations.get(f"{t.operator}|" + planned_key(t.backend, t.dtype, t.case.name), typical)
-                       for t in g)
+            return sum(durations.get(duration_key(t.operator, t.backend, t.dtype, t.case.name), typical) for t in g)
 
         return sorted(groups.values(), key=cost, reverse=True)  # stable: ties keep the plan's order
     by_op: dict[str, list[list[Task]]] = {}
