@@ -125,11 +125,14 @@ def cmd_run(a: argparse.Namespace) -> int:
     # the report's earlier timings of these cells on this device class: the longest groups start first
     ops = sorted({t.operator for t in plan.tasks})
     durations = report.recorded_durations(Path(a.report) / device_class(device), ops)
+    stats: dict[str, float] = {}
     results = runner.run(plan, registry.plugins_loaded(), on_cell, workers=a.workers, timeout=a.timeout,
-                         durations=durations)
+                         durations=durations, stats=stats)
     if bar is not None:
         bar.close()
+    t_render = time.time()
     paths = writer.render()
+    stats["render_s"] = time.time() - t_render
     print(report.terminal_summary(results))
     counts = runner.per_worker_counts(results)
     if len(counts) > 1 or device.startswith("cuda"):
@@ -138,8 +141,22 @@ def cmd_run(a: argparse.Namespace) -> int:
         f"{len(results)} cells in {time.time() - t0:.1f} s; reports: "
         + ", ".join(str(p) for p in paths if p.suffix == ".md")
     )
+    print("where the time went: " + time_breakdown(stats))
     _save_repros(results, a, device)
     return runner.exit_code(results, plan.explicit)
+
+
+def time_breakdown(stats: dict[str, float]) -> str:
+    """One line from runner.run's stats: when the workers were ready, the cells done, the report drawn."""
+    parts = []
+    if "ready_s" in stats:
+        parts.append(f"workers ready by {stats['ready_s']:.1f} s")
+    if "cells_s" in stats:
+        parts.append(f"shared cells done at {stats['cells_s']:.1f} s")
+    if stats.get("alone_cells"):
+        parts.append(f"{stats['alone_cells']:.0f} cell(s) rerun alone in {stats['alone_s']:.1f} s")
+    parts.append(f"report rendered in {stats.get('render_s', 0.0):.1f} s")
+    return "; ".join(parts)
 
 
 def _save_repros(results: list[dict], a: argparse.Namespace, device: str) -> None:

@@ -322,13 +322,11 @@ def render_markdown(op: str, cells: list[dict], runs: dict[str, dict]) -> str:
 def heatmaps(dir_: Path, op: str, cells: list[dict]) -> dict[tuple, str]:
     """PNG heatmaps of failing components along two localization axes; {(cell key, component): path}."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401
     except ImportError:
         return {}
     out = {}
+    jobs = []
     img = dir_ / "img"
     for c in cells:
         for r in c.get("components", []):
@@ -345,18 +343,38 @@ def heatmaps(dir_: Path, op: str, cells: list[dict]) -> dict[tuple, str]:
             out[(cell_key(c), r["name"])] = f"img/{name}.png"
             # a picture costs ~0.5 s; one whose data has not changed since it was drawn is kept
             digest = hashlib.sha256(json.dumps([vals, ylabel, xlabel, title]).encode()).hexdigest()[:16]
-            if _png_digest(path) == digest:
-                continue
-            fig, ax = plt.subplots(figsize=(6, 3.2))
-            im = ax.imshow(vals, aspect="auto", cmap="magma", interpolation="nearest")
-            ax.set_ylabel(ylabel)
-            ax.set_xlabel(xlabel)
-            ax.set_title(title, fontsize=8)
-            fig.colorbar(im, ax=ax)
-            fig.tight_layout()
-            fig.savefig(path, dpi=80, metadata={"Comment": f"harness-digest {digest}"})
-            plt.close(fig)
+            if _png_digest(path) != digest:
+                jobs.append((str(path), vals, ylabel, xlabel, title, digest))
+    if len(jobs) > 8:
+        # a whole sweep's pictures (~135 on a GPU run) drawn one by one kept the run waiting about a minute
+        import concurrent.futures
+        import multiprocessing
+
+        n = min(os.cpu_count() or 1, len(jobs) // 4, 16)
+        with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as ex:
+            list(ex.map(_draw, jobs, chunksize=4))
+    else:
+        for j in jobs:
+            _draw(j)
     return out
+
+
+def _draw(job: tuple) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path, vals, ylabel, xlabel, title, digest = job
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    im = ax.imshow(vals, aspect="auto", cmap="magma", interpolation="nearest")
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=8)
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80, metadata={"Comment": f"harness-digest {digest}"})
+    plt.close(fig)
 
 
 def _png_digest(path: Path) -> str | None:

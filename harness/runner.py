@@ -34,6 +34,7 @@ class Task:
     repeats: int = 2
     skip: str | None = None
     skip_kind: str = ""  # "unavailable" (backend cannot run here) or "unsupported" (this cell only)
+    oom_tries: int = 0  # times this cell ran out of memory on a shared GPU
 
     def failed(self, status: str, message: str) -> dict[str, Any]:
         """The cell for this task when it produced no result of its own (SKIP, TIMEOUT, CRASH, ...)."""
@@ -168,10 +169,15 @@ def run(
     timeout: float = 300.0,
     startup_timeout: float = 600.0,
     durations: dict[tuple[str, str], float] | None = None,
+    stats: dict[str, float] | None = None,
 ) -> list[dict]:
     """Run the plan; calls ``on_cell`` for each finished cell (SKIP cells included). ``durations``:
-    seconds per cell (report.recorded_durations) from earlier runs, to start the longest groups first."""
+    seconds per cell (report.recorded_durations) from earlier runs, to start the longest groups first.
+    ``stats``, if given, gets where the wall time went: ``ready_s`` (the last worker ready), ``cells_s``
+    (the last cell of the shared phase done), ``alone_cells`` and ``alone_s`` (cells rerun alone)."""
     results: list[dict] = []
+    t_run = time.time()
+    stats = {} if stats is None else stats
     for t in p.tasks:
         if t.skip:
             cell = t.failed("SKIP", t.skip)
@@ -199,8 +205,9 @@ def run(
         gpus = [None] * nw
         threads = max(1, (os.cpu_count() or 1) // nw)
     queue = order_groups(todo, durations or {})
-    # Out of memory while other workers share the GPU says little about the backend: such cells are
-    # run again at the end, one worker per GPU, and only that second result is reported.
+    # Out of memory while other workers share the GPU says little about the backend: such a cell goes
+    # back to the end of the queue once (its neighbours then are others, mostly small cells), and if it
+    # runs out again it is run at the end, one worker per GPU; only the last result is reported.
     shared = len(gpus) > len(set(gpus)) and gpus[0] is not None
     pool = [_Worker(i, device, g, plugins, threads, shared) for i, g in enumerate(gpus)]
     for w in pool:
@@ -209,7 +216,7 @@ def run(
 
     def finish(w: _Worker, cell: dict) -> None:
         if shared and w.task is not None and is_oom(cell):
-            retry.append(w.task)
+            requeue_oom(w.task, queue, retry)
             w.task = None
             return
         cell["worker"] = w.slot if w.gpu is None else f"gpu{w.gpu}"
@@ -264,6 +271,7 @@ def run(
                     born[new.slot] = time.time()
                 elif "ready" in msg:
                     w.ready = True
+                    stats["ready_s"] = max(stats.get("ready_s", 0.0), time.time() - t_run)
                 else:
                     finish(w, msg)
                     if msg.get("status") == "CRASH":
@@ -276,18 +284,22 @@ def run(
                 born[new.slot] = time.time()
             elif not w.ready and now - born[w.slot] > startup_timeout:
                 raise RuntimeError(f"worker {w.slot} did not start within {startup_timeout:.0f} s")
-    for w in pool:
+    for w in pool:  # tell all to stop first, then wait: one by one, 16 exits took seconds
         try:
             w.conn.send(None)
         except (OSError, BrokenPipeError):
             pass
+    for w in pool:
         w.proc.join(10)
         if w.proc.is_alive():
             w.kill()
+    stats["cells_s"] = time.time() - t_run
     if retry:
-        print(f"{len(retry)} cell(s) ran out of memory on a shared GPU; running them again, one worker per GPU",
-              flush=True)
+        print(f"{len(retry)} cell(s) ran out of memory twice on a shared GPU; running them again, one worker per "
+              "GPU", flush=True)
+        t_alone = time.time()
         results += run(Plan(tasks=retry), plugins, on_cell, len(set(gpus)), timeout, startup_timeout, durations)
+        stats["alone_cells"], stats["alone_s"] = len(retry), time.time() - t_alone
     return results
 
 
@@ -314,6 +326,16 @@ def order_groups(todo: list[Task], durations: dict[tuple[str, str], float]) -> l
     for g in groups.values():
         by_op.setdefault(g[0].operator, []).append(g)
     return [g for i in range(max(map(len, by_op.values()))) for gs in by_op.values() if i < len(gs) for g in [gs[i]]]
+
+
+def requeue_oom(t: Task, queue: list[list[Task]], alone: list[Task]) -> None:
+    """A cell that ran out of memory on a shared GPU: the first time back to the end of the queue, where
+    its neighbours are other cells; the second time to the cells run at the end, one worker per GPU."""
+    t.oom_tries += 1
+    if t.oom_tries == 1:
+        queue.append([t])
+    else:
+        alone.append(t)
 
 
 def is_oom(cell: dict) -> bool:

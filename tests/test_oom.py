@@ -53,3 +53,15 @@ def test_recorded_durations_start_the_longest_groups_first(tmp_path):
     durations = recorded_durations(tmp_path / "cpu", ["mhc_pre", "softmax_xent"])
     assert durations[duration_key(slow.operator, slow.backend, slow.dtype, slow.case.name)] == 99.0
     assert runner.order_groups(p.tasks, durations)[0][0] is slow  # the slowest group now goes first
+
+
+def test_a_cell_out_of_memory_on_a_shared_gpu_is_requeued_once_then_run_alone():
+    p = runner.plan(["mhc_pre"], "smoke", ["golden"], ["float32"], "cpu")
+    t = p.tasks[0]
+    queue: list = [[p.tasks[1]]]
+    alone: list = []
+    runner.requeue_oom(t, queue, alone)
+    assert queue[-1] == [t] and alone == []  # first time: back to the end of the shared queue
+    queue.pop()
+    runner.requeue_oom(t, queue, alone)
+    assert alone == [t] and len(queue) == 1  # second time: rerun alone at the end
