@@ -125,6 +125,11 @@ def cmd_run(a: argparse.Namespace) -> int:
     # the report's earlier timings of these cells on this device class: the longest groups start first
     ops = sorted({t.operator for t in plan.tasks})
     durations = report.recorded_durations(Path(a.report) / device_class(device), ops)
+    if not durations and device.startswith("cuda"):
+        # first run on this GPU class: another GPU class's timings still rank the groups
+        for d in sorted(Path(a.report).glob("*/")):
+            if d.name not in ("cpu", device_class(device)) and (durations := report.recorded_durations(d, ops)):
+                break
     stats: dict[str, float] = {}
     results = runner.run(plan, registry.plugins_loaded(), on_cell, workers=a.workers, timeout=a.timeout,
                          durations=durations, stats=stats)
