@@ -137,13 +137,14 @@ def compact(dir_: Path, op: str) -> None:
     atomic_write(p, "\n".join(lines) + "\n")
 
 
-def recorded_durations(dir_: Path, operators: list[str]) -> dict[tuple[str, str], float]:
-    """Seconds per cell (duration_key) of each cell's latest result in this directory."""
+def recorded_durations(dir_: Path, operators: list[str], field: str = "duration_s") -> dict[tuple[str, str], float]:
+    """``field`` per cell (duration_key) of each cell's latest result in this directory: seconds by
+    default, or ``peak_mem_mb``."""
     out: dict[tuple[str, str], float] = {}
     for op in operators:
         for c in load(dir_, op)[0]:
-            if isinstance(c.get("duration_s"), (int, float)):
-                out[duration_key(op, c["backend"], c["dtype"], c["case"]["name"])] = float(c["duration_s"])
+            if isinstance(c.get(field), (int, float)):
+                out[duration_key(op, c["backend"], c["dtype"], c["case"]["name"])] = float(c[field])
     return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -144,6 +145,7 @@ class _Worker:
         self.task: Task | None = None
         self.started = 0.0
         self.group: list[Task] = []
+        self.need = 0.0  # MB of GPU memory its group is expected to hold (MemoryPacker)
         self.cells = 0
 
     def send(self, task: Task) -> None:
@@ -170,11 +172,14 @@ def run(
     startup_timeout: float = 600.0,
     durations: dict[tuple[str, str], float] | None = None,
     stats: dict[str, float] | None = None,
+    peaks: dict[tuple[str, str], float] | None = None,
 ) -> list[dict]:
     """Run the plan; calls ``on_cell`` for each finished cell (SKIP cells included). ``durations``:
     seconds per cell (report.recorded_durations) from earlier runs, to start the longest groups first.
-    ``stats``, if given, gets where the wall time went: ``ready_s`` (the last worker ready), ``cells_s``
-    (the last cell of the shared phase done), ``alone_cells`` and ``alone_s`` (cells rerun alone)."""
+    ``peaks``: MB of GPU memory per cell from earlier runs, so that workers sharing a GPU start together
+    only groups that fit in it. ``stats``, if given, gets where the wall time went: ``ready_s`` (the
+    last worker ready), ``cells_s`` (the last cell of the shared phase done), ``alone_cells`` and
+    ``alone_s`` (cells rerun alone)."""
     results: list[dict] = []
     t_run = time.time()
     stats = {} if stats is None else stats
@@ -209,6 +214,7 @@ def run(
     # back to the end of the queue once (its neighbours then are others, mostly small cells), and if it
     # runs out again it is run at the end, one worker per GPU; only the last result is reported.
     shared = len(gpus) > len(set(gpus)) and gpus[0] is not None
+    packer = MemoryPacker(peaks or {}, _gpu_budget_mb(gpus) if shared else None)
     pool = [_Worker(i, device, g, plugins, threads, shared) for i, g in enumerate(gpus)]
     for w in pool:
         w.group = []
@@ -216,27 +222,35 @@ def run(
 
     def finish(w: _Worker, cell: dict) -> None:
         if shared and w.task is not None and is_oom(cell):
+            packer.learn_oom(w.task, cell)
+            print(f"out of memory on shared gpu{w.gpu}: {w.task.operator}/{w.task.backend}/{w.task.dtype}/"
+                  f"{w.task.case.name} ({'again: rerun alone at the end' if w.task.oom_tries else 'requeued'})",
+                  flush=True)
             requeue_oom(w.task, queue, retry)
             w.task = None
-            return
-        cell["worker"] = w.slot if w.gpu is None else f"gpu{w.gpu}"
-        w.cells += 1
-        results.append(cell)
-        on_cell(cell)
-        w.task = None
+        else:
+            cell["worker"] = w.slot if w.gpu is None else f"gpu{w.gpu}"
+            w.cells += 1
+            results.append(cell)
+            on_cell(cell)
+            w.task = None
+        if not w.group:  # its group is done: its memory is free for the next one on this GPU
+            packer.release(w.gpu, w.need)
+            w.need = 0.0
 
     def feed(w: _Worker) -> bool:
-        if not w.group and queue:
-            w.group = queue.pop(0)
-        if w.group:
-            w.send(w.group.pop(0))
-            return True
-        return False
+        if not w.group:
+            taken = packer.take(queue, w.gpu)
+            if taken is None:
+                return False  # nothing fits this GPU's free memory now: wait for a group to finish
+            w.group, w.need = taken
+        w.send(w.group.pop(0))
+        return True
 
     def replace(w: _Worker) -> _Worker:
         w.kill()
         nw = _Worker(w.slot, device, w.gpu, plugins, threads, w.shared)
-        nw.group, nw.cells = w.group, w.cells
+        nw.group, nw.cells, nw.need = w.group, w.cells, w.need
         pool[pool.index(w)] = nw
         return nw
 
@@ -267,6 +281,8 @@ def run(
                         for t2 in w.group:
                             finish(w, t2.failed("ERROR", f"worker failed to start (exit code {code})"))
                         w.group = []
+                        packer.release(w.gpu, w.need)
+                        w.need = 0.0
                     new = replace(w)
                     born[new.slot] = time.time()
                 elif "ready" in msg:
@@ -298,7 +314,8 @@ def run(
         print(f"{len(retry)} cell(s) ran out of memory twice on a shared GPU; running them again, one worker per "
               "GPU", flush=True)
         t_alone = time.time()
-        results += run(Plan(tasks=retry), plugins, on_cell, len(set(gpus)), timeout, startup_timeout, durations)
+        results += run(Plan(tasks=retry), plugins, on_cell, len(set(gpus)), timeout, startup_timeout, durations,
+                       peaks=peaks)
         stats["alone_cells"], stats["alone_s"] = len(retry), time.time() - t_alone
     return results
 
@@ -326,6 +343,66 @@ def order_groups(todo: list[Task], durations: dict[tuple[str, str], float]) -> l
     for g in groups.values():
         by_op.setdefault(g[0].operator, []).append(g)
     return [g for i in range(max(map(len, by_op.values()))) for gs in by_op.values() if i < len(gs) for g in [gs[i]]]
+
+
+# Memory a worker process holds on its GPU outside torch's allocator (CUDA context, cuBLAS workspace,
+# loaded kernels), which a cell's recorded peak (torch's max reserved) does not include.
+CONTEXT_MB = 700.0
+
+
+def _gpu_budget_mb(gpus: list[int | None]) -> float | None:
+    """MB that the cells of the workers sharing one GPU may hold together: 90% of the card, less each
+    worker's context. HARNESS_GPU_MEM_MB overrides the card's size."""
+    env = os.environ.get("HARNESS_GPU_MEM_MB")
+    if env:
+        total = float(env)
+    else:
+        import torch
+
+        total = torch.cuda.get_device_properties(0).total_memory / 2**20
+    per_gpu = max(gpus.count(g) for g in set(gpus))
+    return 0.9 * total - per_gpu * CONTEXT_MB
+
+
+class MemoryPacker:
+    """Which queued group a worker on a shared GPU starts next: the first (longest) one whose expected
+    memory fits beside the groups already running on that GPU, so that big cells do not meet and run
+    out of memory. A group's expected memory is its cells' largest recorded peak, or what a cell of it
+    was found to need when it ran out of memory in this run; a group with no record counts as zero, and
+    a GPU with nothing known running takes any group (a big one then runs beside small ones)."""
+
+    def __init__(self, peaks: dict[tuple[str, str], float], budget_mb: float | None):
+        self.peaks, self.budget = dict(peaks), budget_mb
+        self.held: dict[int | None, float] = {}
+
+    def need(self, group: list[Task]) -> float:
+        from .report import duration_key
+
+        return max((self.peaks.get(duration_key(t.operator, t.backend, t.dtype, t.case.name), 0.0) for t in group),
+                   default=0.0)
+
+    def take(self, queue: list[list[Task]], gpu: int | None) -> tuple[list[Task], float] | None:
+        if not queue:
+            return None
+        held = self.held.get(gpu, 0.0)
+        for i, g in enumerate(queue):
+            n = self.need(g) if self.budget is not None else 0.0
+            if self.budget is None or held == 0.0 or held + n <= self.budget:
+                self.held[gpu] = held + n
+                return queue.pop(i), n
+        return None
+
+    def release(self, gpu: int | None, need: float) -> None:
+        self.held[gpu] = max(0.0, self.held.get(gpu, 0.0) - need)
+
+    def learn_oom(self, t: Task, cell: dict) -> None:
+        """What the cell held when it ran out, plus the allocation that failed (from torch's message)."""
+        from .report import duration_key
+
+        m = re.search(r"Tried to allocate ([0-9.]+) (GiB|MiB)", str(cell.get("error", "")))
+        tried = float(m.group(1)) * (1024 if m.group(2) == "GiB" else 1) if m else 0.0
+        key = duration_key(t.operator, t.backend, t.dtype, t.case.name)
+        self.peaks[key] = max(self.peaks.get(key, 0.0), float(cell.get("peak_mem_mb") or 0.0) + tried)
 
 
 def requeue_oom(t: Task, queue: list[list[Task]], alone: list[Task]) -> None:

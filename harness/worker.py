@@ -36,6 +36,9 @@ def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threa
         if task is None:
             return
         case = Case.from_json(task["case"])
+        cuda = task["device"].startswith("cuda")
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
         try:
             op = registry.get_operator(task["operator"])
             backend = registry.get_backend(task["operator"], task["backend"])
@@ -54,8 +57,11 @@ def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threa
                 f"{type(e).__name__}: {e}",
                 traceback.format_exc(limit=8),
             )
+        if cuda:
+            # what this cell held on the GPU at most (the runner packs the next sweep's cells by it)
+            cell["peak_mem_mb"] = round(torch.cuda.max_memory_reserved() / 2**20)
         conn.send(cell)
-        if task["device"].startswith("cuda"):
+        if cuda:
             torch.cuda.empty_cache()  # cached blocks would starve other workers sharing this GPU
         if cell["status"] == "CRASH":
             # the CUDA context is unusable after a device fault: let the parent start a fresh worker

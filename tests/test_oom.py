@@ -65,3 +65,25 @@ def test_a_cell_out_of_memory_on_a_shared_gpu_is_requeued_once_then_run_alone():
     queue.pop()
     runner.requeue_oom(t, queue, alone)
     assert alone == [t] and len(queue) == 1  # second time: rerun alone at the end
+
+
+def test_workers_sharing_a_gpu_start_together_only_groups_that_fit_in_it():
+    from harness.report import duration_key
+
+    p = runner.plan(["mhc_pre"], "smoke", ["golden"], ["float32"], "cpu")
+    big, mid, small = ([t] for t in p.tasks[:3])
+    key = lambda g: duration_key(g[0].operator, g[0].backend, g[0].dtype, g[0].case.name)  # noqa: E731
+    packer = runner.MemoryPacker({key(big): 60_000, key(mid): 30_000, key(small): 1_000}, budget_mb=70_000)
+    queue = [big, mid, small]
+    assert packer.take(queue, 0) == (big, 60_000)  # nothing on gpu0 yet: the longest group
+    assert packer.take(queue, 0) == (small, 1_000)  # mid would not fit beside big: the next that does
+    assert packer.take(queue, 1) == (mid, 30_000)  # another GPU has its own budget
+    assert packer.take(queue, 0) is None
+    packer.release(0, 60_000)
+    packer.release(0, 1_000)
+    assert packer.take([big], 0) == (big, 60_000)  # a GPU with nothing running takes any group
+    # out of memory in this run: what the cell held plus the allocation that failed
+    packer.learn_oom(small[0], {"error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+                                "peak_mem_mb": 500})
+    assert packer.need(small) == 500 + 2048
+    assert runner.MemoryPacker({}, None).take([small, big], 0) == (small, 0.0)  # unshared: plain queue order
