@@ -301,6 +301,11 @@ def _release(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+def _is_out_of_memory(msg: str) -> bool:
+    return any(m in msg for m in ("[CUDA]: out of memory", "CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED",
+                                  "cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY"))
+
+
 class OracleOutOfMemory(torch.cuda.OutOfMemoryError):
     """The harness's own float64 oracle or float32 floor ran out of device memory (not the backend)."""
 
@@ -310,7 +315,16 @@ def safe_run_cell(
 ) -> dict[str, Any]:
     """run_cell, with an exception in the backend turned into an ERROR cell."""
     try:
-        return run_cell(op, backend, case, dtype, device, seed, repeats)
+        try:
+            return run_cell(op, backend, case, dtype, device, seed, repeats)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as e:
+            # a Triton launch or a CUDA call that could not get memory says so in its own words
+            # ("Triton Error [CUDA]: out of memory", seen on an H100 shared by 8 workers)
+            if _is_out_of_memory(f"{type(e).__name__}: {e}"):
+                raise torch.cuda.OutOfMemoryError(f"{type(e).__name__}: {e}") from e
+            raise
     except torch.cuda.OutOfMemoryError as e:
         clear_cache()
         # the "OutOfMemoryError" prefix is what the runner looks for to rerun the cell alone

@@ -87,3 +87,30 @@ def test_workers_sharing_a_gpu_start_together_only_groups_that_fit_in_it():
                                 "peak_mem_mb": 500})
     assert packer.need(small) == 500 + 2048
     assert runner.MemoryPacker({}, None).take([small, big], 0) == (small, 0.0)  # unshared: plain queue order
+
+
+def test_a_triton_launch_out_of_memory_counts_as_out_of_memory(monkeypatch):
+    monkeypatch.setenv("HARNESS_GPU_SHARED", "1")
+    registry.discover()
+    op = registry.get_operator("mhc_pre")
+    backend = registry.get_backend("mhc_pre", "golden")
+    case = op.cases("smoke", "cpu")[0]
+
+    def boom(*a, **k):
+        raise RuntimeError("Triton Error [CUDA]: out of memory")
+
+    monkeypatch.setattr(cell, "call_backend", boom)
+    c = cell.safe_run_cell(op, backend, case, "float32", "cpu", 0, 1)
+    assert runner.is_oom(c) and "Triton Error [CUDA]: out of memory" in c["error"]
+
+
+def test_groups_that_need_more_than_a_shared_gpu_leaves_run_alone_without_trying():
+    from harness.report import duration_key
+
+    p = runner.plan(["mhc_pre"], "smoke", ["golden"], ["float32"], "cpu")
+    huge, small = [p.tasks[0]], [p.tasks[1]]
+    key = lambda g: duration_key(g[0].operator, g[0].backend, g[0].dtype, g[0].case.name)  # noqa: E731
+    packer = runner.MemoryPacker({key(huge): 79_000, key(small): 1_000}, budget_mb=67_000)
+    queue = [huge, small]
+    assert packer.split_oversized(queue) == huge and queue == [small]
+    assert runner.MemoryPacker({key(huge): 79_000}, None).split_oversized([huge]) == []  # unshared: no limit
