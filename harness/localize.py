@@ -16,8 +16,9 @@ from .spec import Axis
 Tensor = torch.Tensor
 
 
-def ranges(idx: list[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
+def ranges(idx: list[int], limit: int = 12) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'. Past ``limit`` runs the rest is counted, not listed: the
+    rows of a wrong confident-row gradient were ~400 runs, a screenful in the terminal."""
     if not idx:
         return "none"
     out, start, prev = [], idx[0], idx[0]
@@ -28,6 +29,8 @@ def ranges(idx: list[int]) -> str:
         out.append(f"{start}" if start == prev else f"{start}-{prev}")
         if i is not None:
             start = prev = i
+    if len(out) > limit:
+        return ", ".join(out[:limit]) + f", ... ({len(idx)} in {len(out)} runs)"
     return ", ".join(out)
 
 

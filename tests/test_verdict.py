@@ -130,6 +130,9 @@ def test_diffuse_drift_fails_on_rms():
 
 def test_ranges_text():
     assert localize.ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+    # scattered indices: the first runs, then a count instead of a screenful
+    text = localize.ranges(list(range(0, 400, 2)))
+    assert text.startswith("0, 2, 4") and text.endswith("... (200 in 200 runs)") and len(text) < 80
     assert localize.matches("all-but-first", [1, 2, 3], 4)
     assert not localize.matches("all-but-first", [0, 1, 2, 3], 4)
 
