@@ -43,6 +43,14 @@ def _target(name: str, fn, dtype: torch.dtype, constexprs: dict, ones: tuple[str
             "constexprs": consts, "options": opts, "aligned": tuple(aligned)}
 
 
+def _descriptors(target: dict, dtype: torch.dtype, g: Gemm) -> dict:
+    """h_ptr and w_ptr of a TMA launch are tensor descriptors of [BM, BK] and [BN, BK] blocks."""
+    ty = _PTR[dtype][1:]
+    target["signature"].update(h_ptr=f"tensordesc<{ty}[{g.BM}, {g.BK}]>", w_ptr=f"tensordesc<{ty}[{g.BN}, {g.BK}]>")
+    target["aligned"] = tuple(a for a in target["aligned"] if a not in ("h_ptr", "w_ptr"))
+    return target
+
+
 def _cfg(dtype: torch.dtype):
     return GPU_FP32 if dtype == torch.float32 else GPU_F16 if dtype == torch.float16 else GPU
 
@@ -60,12 +68,19 @@ def aot_targets() -> list[dict]:
     for dt in (bf, f32, f16):
         out.append(_target("logits-z", K._logits_kernel, dt,
                            dict(HAS_BIAS=True, SOFTCAP=dt == bf, STORE_Z=True, EVEN_K=True, PREC="ieee",
-                                KS=_cfg(dt).logits.ksplit),
+                                KS=_cfg(dt).logits.ksplit, TMA=False),
                            ("s_hk", "s_wk", "s_b", "s_y"), _cfg(dt).logits))
     out.append(_target("logits-stats", K._logits_kernel, bf,
                        dict(HAS_BIAS=False, SOFTCAP=False, STORE_Z=False, EVEN_K=False, PREC="ieee",
-                            KS=GPU.logits.ksplit),
+                            KS=GPU.logits.ksplit, TMA=False),
                        ("s_hk", "s_wk", "s_y"), GPU.logits))
+    # the TMA path (16-bit, rows contiguous on a Hopper GPU): h and W as tensor descriptors
+    for dt in (bf, f16):
+        lg = _cfg(dt).logits
+        t = _target("logits-z-tma", K._logits_kernel, dt,
+                    dict(HAS_BIAS=True, SOFTCAP=False, STORE_Z=True, EVEN_K=True, PREC="ieee", KS=lg.ksplit,
+                         TMA=True), ("s_hk", "s_wk", "s_b", "s_y"), lg)
+        out.append(_descriptors(t, dt, lg))
     out.append(_target("row-stats", K._row_stats_kernel, f32, dict(BR=16, BT=64), ("s_y",)))
     for norm in (False, True):
         out.append(_target(f"loss-norm{int(norm)}", K._loss_kernel, f32,
@@ -80,13 +95,17 @@ def aot_targets() -> list[dict]:
     for dt, coef in ((bf, _coef(False, False, False)), (bf, _coef(True, True, True)),
                      (f32, _coef(False, True, True))):
         out.append(_target(f"dz-gemm-rows{int(coef['G_ROWS'])}", K._dz_gemm_kernel, dt,
-                           dict(HAS_BIAS=True, SOFTCAP=True, EVEN_K=True, PREC="ieee", **coef),
+                           dict(HAS_BIAS=True, SOFTCAP=True, EVEN_K=True, PREC="ieee", TMA=False, **coef),
                            ("s_hk", "s_wk", "s_b", "s_y"), _cfg(dt).dzg))
     for dt, mode, g, fold in ((bf, 0, gap, False), (bf, 1, gap, False), (bf, 2, 0, True),
                               (f16, 1, gap, False), (f32, 1, 0, False)):
         out.append(_target(f"dw-mode{mode}-gap{g}", K._dw_kernel, dt,
                            dict(MODE=mode, APPLY_G=fold, GAP=g, EVEN_K=True, PREC="ieee"), ("s_hk",),
                            _cfg(dt).ldw if mode == 2 else _cfg(dt).dw))
+    lz = _target("dz-gemm-tma", K._dz_gemm_kernel, bf, dict(HAS_BIAS=True, SOFTCAP=True, EVEN_K=True, PREC="ieee",
+                                                           TMA=True, **_coef(False, False, False)),
+                 ("s_hk", "s_wk", "s_b", "s_y"), GPU.dzg)
+    out.append(_descriptors(lz, bf, GPU.dzg))
     # a one-token chunk (T specialized to 1) takes the small dweight tile: its shared memory differs
     out.append(_target("dw-mode0-gap256-T1", K._dw_kernel, bf,
                        dict(MODE=0, APPLY_G=False, GAP=gap, EVEN_K=False, PREC="ieee"), ("s_hk", "T"), GPU.dw_small))

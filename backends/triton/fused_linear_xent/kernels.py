@@ -88,6 +88,27 @@ def _mm(a_ptr, b_ptr, rm, rn, M, N, K, s_am, s_ak, s_bk, s_bn, acc,
 
 
 @triton.jit
+def _mm_tma(a_desc, b_desc, off_m, off_n, K, acc, BK: tl.constexpr, KS: tl.constexpr = 0):
+    """acc += A[off_m:, :K] @ B[off_n:, :K]^T with 16-bit operands read through TMA tensor descriptors
+    (rows contiguous): the copy engine fills shared memory, and its zero padding masks the edges. The
+    products and the chains are those of _mm (bitwise-equal logits); KS: see _mm. Measured on an H100,
+    logits of a 2048-token chunk, H=4096, V=128256, bf16, 128x128x64 KS=4: 4.19 ms against 4.89 ms
+    with pointer loads (.scratch/logits_tma.py)."""
+    if KS > 0:
+        mid = tl.zeros_like(acc)
+        for k0 in range(0, K, BK):
+            mid = tl.dot(a_desc.load([off_m, k0]), b_desc.load([off_n, k0]).T, mid)
+            if (k0 // BK) % KS == KS - 1:
+                acc += mid
+                mid = tl.zeros_like(acc)
+        acc += mid
+    else:
+        for k0 in range(0, K, BK):
+            acc = tl.dot(a_desc.load([off_m, k0]), b_desc.load([off_n, k0]).T, acc)
+    return acc
+
+
+@triton.jit
 def _mm_load(a_rows, b_cols, rk, k0, K, s_ak, s_bk, mask_m, mask_n, KGAP: tl.constexpr, EVEN_K: tl.constexpr):
     ka = k0
     if KGAP > 0:
@@ -170,15 +191,19 @@ def _logits_kernel(h_ptr, w_ptr, b_ptr, y_ptr, z_ptr, pm_ptr, ps_ptr, pz_ptr, zy
                    HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, STORE_Z: tl.constexpr,
                    EVEN_K: tl.constexpr, PREC: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
-                   FLAT: tl.constexpr, KS: tl.constexpr):
+                   FLAT: tl.constexpr, KS: tl.constexpr, TMA: tl.constexpr = False):
     """Logits tile z = h @ W^T (+ bias, softcap): per-row max, sum-exp and sum of z over the tile,
-    the target logit, and (fast mode) the float32 logits themselves. KS: see _mm (split chain)."""
+    the target logit, and (fast mode) the float32 logits themselves. KS: see _mm (split chain).
+    TMA: h_ptr and w_ptr are tensor descriptors (_mm_tma)."""
     for tile in tl.range(tl.program_id(0), _n_tiles(T, V, BM, BN), tl.num_programs(0), flatten=FLAT):
         pid_m, pid_n = _tile_ids(tile, T, V, BM, BN, GROUP)
         rm = pid_m * BM + tl.arange(0, BM)
         rn = pid_n * BN + tl.arange(0, BN)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, 0, EVEN_K, PREC, KS)
+        if TMA:
+            acc = _mm_tma(h_ptr, w_ptr, pid_m * BM, pid_n * BN, H, acc, BK, KS)
+        else:
+            acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, 0, EVEN_K, PREC, KS)
         z = _logits(acc, b_ptr, rn, V, s_b, cap, HAS_BIAS, SOFTCAP)
         rmask = rm < T
         cmask = rn < V
@@ -290,15 +315,19 @@ def _dz_gemm_kernel(h_ptr, w_ptr, b_ptr, y_ptr, lse_ptr, g_ptr, glse_ptr, den_pt
                     G_ROWS: tl.constexpr, SCALED: tl.constexpr, HAS_GLSE: tl.constexpr,
                     HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
-                    FLAT: tl.constexpr):
+                    FLAT: tl.constexpr, TMA: tl.constexpr = False):
     """Lean mode: logits of a vocabulary slab recomputed and turned into dZ in the epilogue
-    (LSE known from the forward); with a bias, column sums of this row block's float32 dZ."""
+    (LSE known from the forward); with a bias, column sums of this row block's float32 dZ.
+    TMA: h_ptr and w_ptr are tensor descriptors (_mm_tma)."""
     for tile in tl.range(tl.program_id(0), _n_tiles(T, V, BM, BN), tl.num_programs(0), flatten=FLAT):
         pid_m, pid_n = _tile_ids(tile, T, V, BM, BN, GROUP)
         rm = pid_m * BM + tl.arange(0, BM)
         rn = pid_n * BN + tl.arange(0, BN)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, 0, EVEN_K, PREC)
+        if TMA:
+            acc = _mm_tma(h_ptr, w_ptr, pid_m * BM, pid_n * BN, H, acc, BK)
+        else:
+            acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, 0, EVEN_K, PREC)
         z = _logits(acc, b_ptr, rn, V, s_b, cap, HAS_BIAS, SOFTCAP)
         rmask = rm < T
         mask = rmask[:, None] & (rn[None, :] < V)

@@ -15,7 +15,9 @@ Two modes (specs/xent.md, "two honest designs"):
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -159,13 +161,28 @@ def _grid(M: int, N: int, g: Gemm, device: torch.device) -> tuple[int]:
 PREC = "ieee"
 
 
+def _operands(h: Tensor, W: Tensor, g: Gemm) -> tuple[Any, Any, bool]:
+    """h and W as TMA tensor descriptors where the copy engine can read them (a Hopper GPU, 16-bit
+    rows contiguous, 16-byte aligned rows and bases), else as they are (pointer loads)."""
+    ok = (h.is_cuda and h.dtype in (torch.bfloat16, torch.float16) and W.dtype == h.dtype
+          and os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.get_device_capability(h.device)[0] >= 9
+          and all(t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+                  for t in (h, W)))
+    if not ok:
+        return h, W, False
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(h, [g.BM, g.BK]), TensorDescriptor.from_tensor(W, [g.BN, g.BK]), True
+
+
 def _logits(h, W, b, y, z, st, o: _Opts, cfg: Config) -> None:
     (T, H), V, g = h.shape, W.shape[0], cfg.logits
     pm, ps, pz, zy = st
-    _launch(K._logits_kernel, _grid(T, V, g, h.device), g, h, W, _or(b, pm), y, _or(z, pm), pm, ps, pz, zy,
+    ha, wa, tma = _operands(h, W, g)
+    _launch(K._logits_kernel, _grid(T, V, g, h.device), g, ha, wa, _or(b, pm), y, _or(z, pm), pm, ps, pz, zy,
             T, V, H, h.stride(0), h.stride(1), W.stride(0), W.stride(1), _s0(b), y.stride(0), _s0(z), pm.stride(0),
             float(o.cap or 1.0), HAS_BIAS=b is not None, SOFTCAP=o.cap is not None, STORE_Z=z is not None,
-            EVEN_K=H % g.BK == 0, PREC=PREC, KS=_ksplit(g, H))
+            EVEN_K=H % g.BK == 0, PREC=PREC, KS=_ksplit(g, H), TMA=tma)
 
 
 def _ksplit(g: Gemm, H: int) -> int:
@@ -271,10 +288,11 @@ def _lean_backward(h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Config):
         Ws = W[v0:v0 + s]
         bs = b[v0:v0 + s] if b is not None else None
         dbs = dbp[:, v0:] if dbp is not None else None
-        _launch(K._dz_gemm_kernel, _grid(T, s, g, h.device), g, h, Ws, _or(bs, dz), y, lse, *ptrs, dz,
+        ha, wa, tma = _operands(h, Ws, g)
+        _launch(K._dz_gemm_kernel, _grid(T, s, g, h.device), g, ha, wa, _or(bs, dz), y, lse, *ptrs, dz,
                 _or(dbs, dz), T, s, H, v0, h.stride(0), h.stride(1), Ws.stride(0), Ws.stride(1), _s0(bs), y.stride(0),
                 *strides, dz.stride(0), _s0(dbs), *o.row_args(V), HAS_BIAS=b is not None,
-                SOFTCAP=o.cap is not None, EVEN_K=H % g.BK == 0, PREC=PREC, **flags)
+                SOFTCAP=o.cap is not None, EVEN_K=H % g.BK == 0, PREC=PREC, TMA=tma, **flags)
         _dw(dz, 0, h, None, dw[v0:v0 + s], gr, 2, cfg.ldw)
         mode = 2 if n_slabs == 1 else 0 if i == 0 else 3 if i == n_slabs - 1 else 1
         _dh(dz, 0, Ws, acc, dh if mode >= 2 else None, gr, mode, cfg.ldh)
