@@ -43,11 +43,15 @@ def _target(name: str, fn, dtype: torch.dtype, constexprs: dict, ones: tuple[str
             "constexprs": consts, "options": opts, "aligned": tuple(aligned)}
 
 
-def _descriptors(target: dict, dtype: torch.dtype, g: Gemm) -> dict:
-    """h_ptr and w_ptr of a TMA launch are tensor descriptors of [BM, BK] and [BN, BK] blocks."""
+def _descriptors(target: dict, dtype: torch.dtype, g: Gemm, blocks: dict[str, str] | None = None) -> dict:
+    """The operands of a TMA launch are tensor descriptors; ``blocks``: {argument: block in terms of
+    BM, BN, BK} (default: the logits' h [BM, BK] and W [BN, BK])."""
     ty = _PTR[dtype][1:]
-    target["signature"].update(h_ptr=f"tensordesc<{ty}[{g.BM}, {g.BK}]>", w_ptr=f"tensordesc<{ty}[{g.BN}, {g.BK}]>")
-    target["aligned"] = tuple(a for a in target["aligned"] if a not in ("h_ptr", "w_ptr"))
+    sizes = {"BM": g.BM, "BN": g.BN, "BK": g.BK}
+    for arg, block in (blocks or {"h_ptr": "BM,BK", "w_ptr": "BN,BK"}).items():
+        dims = ", ".join(str(sizes[d]) for d in block.split(","))
+        target["signature"][arg] = f"tensordesc<{ty}[{dims}]>"
+        target["aligned"] = tuple(a for a in target["aligned"] if a != arg)
     return target
 
 
@@ -100,20 +104,29 @@ def aot_targets() -> list[dict]:
     for dt, mode, g, fold in ((bf, 0, gap, False), (bf, 1, gap, False), (bf, 2, 0, True),
                               (f16, 1, gap, False), (f32, 1, 0, False)):
         out.append(_target(f"dw-mode{mode}-gap{g}", K._dw_kernel, dt,
-                           dict(MODE=mode, APPLY_G=fold, GAP=g, EVEN_K=True, PREC="ieee"), ("s_hk",),
+                           dict(MODE=mode, APPLY_G=fold, GAP=g, EVEN_K=True, PREC="ieee", TMA=False), ("s_hk",),
                            _cfg(dt).ldw if mode == 2 else _cfg(dt).dw))
+    for mode, g, gm in ((1, gap, GPU.dw), (2, 0, GPU.ldw)):
+        t = _target(f"dw-tma-mode{mode}-gap{g}", K._dw_kernel, bf,
+                    dict(MODE=mode, APPLY_G=mode == 2, GAP=g, EVEN_K=True, PREC="ieee", TMA=True), ("s_hk",), gm)
+        out.append(_descriptors(t, bf, gm, {"dz_ptr": "BK,BM", "h_ptr": "BK,BN"}))
     lz = _target("dz-gemm-tma", K._dz_gemm_kernel, bf, dict(HAS_BIAS=True, SOFTCAP=True, EVEN_K=True, PREC="ieee",
                                                            TMA=True, **_coef(False, False, False)),
                  ("s_hk", "s_wk", "s_b", "s_y"), GPU.dzg)
     out.append(_descriptors(lz, bf, GPU.dzg))
     # a one-token chunk (T specialized to 1) takes the small dweight tile: its shared memory differs
     out.append(_target("dw-mode0-gap256-T1", K._dw_kernel, bf,
-                       dict(MODE=0, APPLY_G=False, GAP=gap, EVEN_K=False, PREC="ieee"), ("s_hk", "T"), GPU.dw_small))
+                       dict(MODE=0, APPLY_G=False, GAP=gap, EVEN_K=False, PREC="ieee", TMA=False), ("s_hk", "T"),
+                       GPU.dw_small))
     for dt, mode, g, fold in ((bf, 0, gap, True), (bf, 2, gap, True), (bf, 1, 0, False), (bf, 3, 0, True),
                               (f16, 0, gap, True), (f32, 0, 0, True)):
         out.append(_target(f"dh-mode{mode}-gap{g}", K._dh_kernel, dt,
-                           dict(MODE=mode, APPLY_G=fold, GAP=g, EVEN_K=True, PREC="ieee"), ("s_wk",),
+                           dict(MODE=mode, APPLY_G=fold, GAP=g, EVEN_K=True, PREC="ieee", TMA=False), ("s_wk",),
                            _cfg(dt).dh if g else _cfg(dt).ldh))
+    for mode, g, gm in ((0, gap, GPU.dh), (3, 0, GPU.ldh)):
+        t = _target(f"dh-tma-mode{mode}-gap{g}", K._dh_kernel, bf,
+                    dict(MODE=mode, APPLY_G=True, GAP=g, EVEN_K=True, PREC="ieee", TMA=True), ("s_wk",), gm)
+        out.append(_descriptors(t, bf, gm, {"dz_ptr": "BM,BK", "w_ptr": "BK,BN"}))
     for acc in (False, True):
         out.append(_target(f"colsum-acc{int(acc)}", K._colsum_kernel, f32, dict(ACCUM=acc, BR=8, BV=256)))
     for dt in (bf, f32):

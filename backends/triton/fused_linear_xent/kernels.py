@@ -354,16 +354,14 @@ def _scale(g_ptr, den_ptr, APPLY_G: tl.constexpr):
 def _dw_kernel(dz_ptr, h_ptr, acc_ptr, out_ptr, g_ptr, den_ptr, V, H, T, s_dzt, s_ht, s_hk, s_acc, s_out,
                MODE: tl.constexpr, APPLY_G: tl.constexpr, GAP: tl.constexpr, EVEN_K: tl.constexpr,
                PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
-               FLAT: tl.constexpr):
+               FLAT: tl.constexpr, TMA: tl.constexpr = False):
     """dweight tile = dZ^T @ hidden over T tokens. MODE 0: store into the float32 accumulator,
-    1: add to it (later chunks), 2: finished here, scaled and stored in the output dtype."""
+    1: add to it (later chunks), 2: finished here, scaled and stored in the output dtype.
+    TMA: dz_ptr and h_ptr are tensor descriptors of [BK, BM] and [BK, BN] blocks."""
     for tile in tl.range(tl.program_id(0), _n_tiles(V, H, BM, BN), tl.num_programs(0), flatten=FLAT):
         pid_m, pid_n = _tile_ids(tile, V, H, BM, BN, GROUP)
         rm = pid_m * BM + tl.arange(0, BM)
         rn = pid_n * BN + tl.arange(0, BN)
-        a_ptr = dz_ptr
-        if GAP > 0:
-            a_ptr = dz_ptr + ((pid_m * BM) // GAP) * GAP
         mask = (rm[:, None] < V) & (rn[None, :] < H)
         offs = rm.to(tl.int64)[:, None] * s_acc + rn[None, :]
         if MODE == 1:
@@ -372,7 +370,17 @@ def _dw_kernel(dz_ptr, h_ptr, acc_ptr, out_ptr, g_ptr, den_ptr, V, H, T, s_dzt, 
             acc = tl.load(acc_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         else:
             acc = tl.zeros((BM, BN), dtype=tl.float32)
-        acc = _mm(a_ptr, h_ptr, rm, rn, V, H, T, 1, s_dzt, s_ht, s_hk, acc, BK, 0, EVEN_K, PREC)
+        if TMA:
+            va = pid_m * BM
+            if GAP > 0:
+                va = va + (va // GAP) * GAP
+            for k0 in range(0, T, BK):  # the descriptors' zero padding masks the tokens past T
+                acc = tl.dot(dz_ptr.load([k0, va]).T, h_ptr.load([k0, pid_n * BN]), acc)
+        else:
+            a_ptr = dz_ptr
+            if GAP > 0:
+                a_ptr = dz_ptr + ((pid_m * BM) // GAP) * GAP
+            acc = _mm(a_ptr, h_ptr, rm, rn, V, H, T, 1, s_dzt, s_ht, s_hk, acc, BK, 0, EVEN_K, PREC)
         if MODE == 2:
             acc = acc * _scale(g_ptr, den_ptr, APPLY_G)
             tl.store(out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :],
@@ -385,9 +393,11 @@ def _dw_kernel(dz_ptr, h_ptr, acc_ptr, out_ptr, g_ptr, den_ptr, V, H, T, s_dzt, 
 def _dh_kernel(dz_ptr, w_ptr, acc_ptr, out_ptr, g_ptr, den_ptr, T, H, V, s_dzt, s_wv, s_wk, s_acc, s_out,
                MODE: tl.constexpr, APPLY_G: tl.constexpr, GAP: tl.constexpr, EVEN_K: tl.constexpr,
                PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
-               FLAT: tl.constexpr):
+               FLAT: tl.constexpr, TMA: tl.constexpr = False):
     """dhidden tile = dZ @ weight over V vocabulary entries. MODE 0: store float32, 1: add to the
-    float32 accumulator, 2: scaled into the output, 3: accumulator + this tile, scaled into the output."""
+    float32 accumulator, 2: scaled into the output, 3: accumulator + this tile, scaled into the output.
+    TMA: dz_ptr and w_ptr are tensor descriptors of [BM, BK] and [BK, BN] blocks (V % BK == 0: past V
+    a gapped dZ row holds other bytes, not the padding's zeros)."""
     for tile in tl.range(tl.program_id(0), _n_tiles(T, H, BM, BN), tl.num_programs(0), flatten=FLAT):
         pid_m, pid_n = _tile_ids(tile, T, H, BM, BN, GROUP)
         rm = pid_m * BM + tl.arange(0, BM)
@@ -398,7 +408,14 @@ def _dh_kernel(dz_ptr, w_ptr, acc_ptr, out_ptr, g_ptr, den_ptr, T, H, V, s_dzt, 
             acc = tl.load(acc_ptr + offs, mask=mask, other=0.0)
         else:
             acc = tl.zeros((BM, BN), dtype=tl.float32)
-        acc = _mm(dz_ptr, w_ptr, rm, rn, T, H, V, s_dzt, 1, s_wv, s_wk, acc, BK, GAP, EVEN_K, PREC)
+        if TMA:
+            for k0 in range(0, V, BK):
+                ka = k0
+                if GAP > 0:
+                    ka = k0 + (k0 // GAP) * GAP
+                acc = tl.dot(dz_ptr.load([pid_m * BM, ka]), w_ptr.load([k0, pid_n * BN]), acc)
+        else:
+            acc = _mm(dz_ptr, w_ptr, rm, rn, T, H, V, s_dzt, 1, s_wv, s_wk, acc, BK, GAP, EVEN_K, PREC)
         if MODE >= 2:
             acc = acc * _scale(g_ptr, den_ptr, APPLY_G)
             tl.store(out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :],

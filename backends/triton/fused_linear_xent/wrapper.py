@@ -161,18 +161,27 @@ def _grid(M: int, N: int, g: Gemm, device: torch.device) -> tuple[int]:
 PREC = "ieee"
 
 
-def _operands(h: Tensor, W: Tensor, g: Gemm) -> tuple[Any, Any, bool]:
-    """h and W as TMA tensor descriptors where the copy engine can read them (a Hopper GPU, 16-bit
-    rows contiguous, 16-byte aligned rows and bases), else as they are (pointer loads)."""
-    ok = (h.is_cuda and h.dtype in (torch.bfloat16, torch.float16) and W.dtype == h.dtype
-          and os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.get_device_capability(h.device)[0] >= 9
-          and all(t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
-                  for t in (h, W)))
-    if not ok:
-        return h, W, False
+def _tma_ok(*ts: Tensor) -> bool:
+    """Whether the copy engine can read these operands: a Hopper GPU, 16-bit, rows contiguous, 16-byte
+    aligned rows and bases (else the kernels load through pointers)."""
+    t0 = ts[0]
+    return (t0.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
+            and torch.cuda.get_device_capability(t0.device)[0] >= 9
+            and all(t.dtype in (torch.bfloat16, torch.float16) and t.stride(1) == 1
+                    and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0 for t in ts))
+
+
+def _desc(t: Tensor, block: list[int]) -> Any:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    return TensorDescriptor.from_tensor(h, [g.BM, g.BK]), TensorDescriptor.from_tensor(W, [g.BN, g.BK]), True
+    return TensorDescriptor.from_tensor(t, block)
+
+
+def _operands(h: Tensor, W: Tensor, g: Gemm) -> tuple[Any, Any, bool]:
+    """h and W as TMA tensor descriptors where the copy engine can read them, else as they are."""
+    if not _tma_ok(h, W):
+        return h, W, False
+    return _desc(h, [g.BM, g.BK]), _desc(W, [g.BN, g.BK]), True
 
 
 def _logits(h, W, b, y, z, st, o: _Opts, cfg: Config) -> None:
@@ -204,9 +213,11 @@ def _dw(dz, gap: int, h, acc, out, gr: _Grad | None, mode: int, g: Gemm) -> None
     (T, H), V = h.shape, _or(acc, out).shape[0]
     dummy = _or(acc, out)
     g_ptr, den_ptr = gr.scale_args() if gr is not None else (dummy, dummy)
-    _launch(K._dw_kernel, _grid(V, H, g, h.device), g, dz, h, dummy, _or(out, dummy), g_ptr, den_ptr, V, H, T,
+    tma = _tma_ok(dz, h)
+    da, ha = (_desc(dz[:T], [g.BK, g.BM]), _desc(h, [g.BK, g.BN])) if tma else (dz, h)
+    _launch(K._dw_kernel, _grid(V, H, g, h.device), g, da, ha, dummy, _or(out, dummy), g_ptr, den_ptr, V, H, T,
             dz.stride(0), h.stride(0), h.stride(1), _s0(acc), _s0(out), MODE=mode,
-            APPLY_G=gr is not None and gr.fold, GAP=gap, EVEN_K=T % g.BK == 0, PREC=PREC)
+            APPLY_G=gr is not None and gr.fold, GAP=gap, EVEN_K=T % g.BK == 0, PREC=PREC, TMA=tma)
 
 
 def _dh(dz, gap: int, W, acc, out, gr: _Grad | None, mode: int, g: Gemm) -> None:
@@ -214,9 +225,11 @@ def _dh(dz, gap: int, W, acc, out, gr: _Grad | None, mode: int, g: Gemm) -> None
     T, (V, H) = _or(acc, out).shape[0], W.shape
     dummy = _or(acc, out)
     g_ptr, den_ptr = gr.scale_args() if gr is not None else (dummy, dummy)
-    _launch(K._dh_kernel, _grid(T, H, g, W.device), g, dz, W, dummy, _or(out, dummy), g_ptr, den_ptr, T, H, V,
+    tma = V % g.BK == 0 and _tma_ok(dz, W)
+    da, wa = (_desc(dz[:T], [g.BM, g.BK]), _desc(W, [g.BK, g.BN])) if tma else (dz, W)
+    _launch(K._dh_kernel, _grid(T, H, g, W.device), g, da, wa, dummy, _or(out, dummy), g_ptr, den_ptr, T, H, V,
             dz.stride(0), W.stride(0), W.stride(1), _s0(acc), _s0(out), MODE=mode,
-            APPLY_G=gr is not None and gr.fold, GAP=gap, EVEN_K=V % g.BK == 0, PREC=PREC)
+            APPLY_G=gr is not None and gr.fold, GAP=gap, EVEN_K=V % g.BK == 0, PREC=PREC, TMA=tma)
 
 
 def _colsum(part, rows: int, acc, accumulate: bool) -> None:
