@@ -114,3 +114,12 @@ def test_groups_that_need_more_than_a_shared_gpu_leaves_run_alone_without_trying
     queue = [huge, small]
     assert packer.split_oversized(queue) == huge and queue == [small]
     assert runner.MemoryPacker({key(huge): 79_000}, None).split_oversized([huge]) == []  # unshared: no limit
+
+
+def test_the_run_says_where_its_time_went():
+    from harness.cli import time_breakdown
+
+    line = time_breakdown({"ready_s": 4.2, "cells_s": 148.6, "alone_cells": 18, "alone_s": 25.6, "render_s": 1.0})
+    assert line == ("workers ready by 4.2 s; shared cells done at 148.6 s; 18 cell(s) rerun alone in 25.6 s; "
+                    "report rendered in 1.0 s")
+    assert "alone" not in time_breakdown({"ready_s": 1.0, "cells_s": 2.0, "render_s": 0.1})
