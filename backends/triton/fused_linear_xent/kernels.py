@@ -75,16 +75,23 @@ def _mm(a_ptr, b_ptr, rm, rn, M, N, K, s_am, s_ak, s_bk, s_bn, acc,
         mid = tl.zeros_like(acc)
         for k0 in range(0, K, BK):
             a, b = _mm_load(a_rows, b_cols, rk, k0, K, s_ak, s_bk, mask_m, mask_n, KGAP, EVEN_K)
-            mid = tl.dot(a, b, mid, input_precision=PREC)
-            if (k0 // BK) % KS == KS - 1:
-                acc += mid
-                mid = tl.zeros_like(acc)
+            acc, mid = _chain_step(acc, tl.dot(a, b, mid, input_precision=PREC), k0, BK, KS)
         acc += mid
     else:
         for k0 in range(0, K, BK):
             a, b = _mm_load(a_rows, b_cols, rk, k0, K, s_ak, s_bk, mask_m, mask_n, KGAP, EVEN_K)
             acc = tl.dot(a, b, acc, input_precision=PREC)
     return acc
+
+
+@triton.jit
+def _chain_step(acc, mid, k0, BK: tl.constexpr, KS: tl.constexpr):
+    """After the K tile at k0: the chain of KS tiles in ``mid`` ends, and its sum goes into ``acc`` in
+    float32 round-to-nearest (see _mm)."""
+    if (k0 // BK) % KS == KS - 1:
+        acc += mid
+        mid = tl.zeros_like(acc)
+    return acc, mid
 
 
 @triton.jit
@@ -97,10 +104,7 @@ def _mm_tma(a_desc, b_desc, off_m, off_n, K, acc, BK: tl.constexpr, KS: tl.const
     if KS > 0:
         mid = tl.zeros_like(acc)
         for k0 in range(0, K, BK):
-            mid = tl.dot(a_desc.load([off_m, k0]), b_desc.load([off_n, k0]).T, mid)
-            if (k0 // BK) % KS == KS - 1:
-                acc += mid
-                mid = tl.zeros_like(acc)
+            acc, mid = _chain_step(acc, tl.dot(a_desc.load([off_m, k0]), b_desc.load([off_n, k0]).T, mid), k0, BK, KS)
         acc += mid
     else:
         for k0 in range(0, K, BK):
