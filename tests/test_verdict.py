@@ -257,3 +257,14 @@ def test_a_declared_gap_can_name_an_input_class():
     assert b.expected_gap("float32", ("confident", "smoothing", "V>1024")) == "cancels"
     assert b.expected_gap("float32", ("confident",)) is None  # every named tag is needed
     assert b.expected_gap("bfloat16", ("confident", "smoothing")) is None
+
+
+def test_many_heatmaps_are_drawn_by_a_process_pool(tmp_path):
+    pytest.importorskip("matplotlib")
+    from harness.report import _png_digest, heatmaps
+
+    grid = {"values": [[0.0, 1.0], [2.0, 3.0]], "axes": ["head", "position"], "block": [1, 64]}
+    cells = [{"backend": "triton", "dtype": "float32", "case": {"name": f"c{i}", "params": {}, "microbatches": 0},
+              "components": [{"name": "dq", "verdict": "FAIL", "localization": {"grid": grid}}]} for i in range(10)]
+    paths = heatmaps(tmp_path, "op", cells).values()
+    assert len(paths) == 10 and all(_png_digest(tmp_path / p) for p in paths)  # each drawn, with its digest
