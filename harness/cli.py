@@ -150,6 +150,9 @@ def cmd_run(a: argparse.Namespace) -> int:
         + ", ".join(str(p) for p in paths if p.suffix == ".md")
     )
     print("where the time went: " + time_breakdown(stats))
+    busiest = busiest_backends(results)
+    if busiest:
+        print("cell-seconds by backend: " + busiest)
     _save_repros(results, a, device)
     return runner.exit_code(results, plan.explicit)
 
@@ -165,6 +168,18 @@ def time_breakdown(stats: dict[str, float]) -> str:
         parts.append(f"{stats['alone_cells']:.0f} cell(s) rerun alone in {stats['alone_s']:.1f} s")
     parts.append(f"report rendered in {stats.get('render_s', 0.0):.1f} s")
     return "; ".join(parts)
+
+
+def busiest_backends(results: list[dict], top: int = 5) -> str:
+    """The backends whose cells took longest in all (compilation included): what to look at when a sweep
+    is slow."""
+    total: dict[str, float] = {}
+    for c in results:
+        if isinstance(c.get("duration_s"), (int, float)):
+            key = f"{c['operator']}/{c['backend']}"
+            total[key] = total.get(key, 0.0) + c["duration_s"]
+    ranked = sorted(total.items(), key=lambda kv: -kv[1])[:top]
+    return ", ".join(f"{k} {v:.0f} s" for k, v in ranked)
 
 
 def _save_repros(results: list[dict], a: argparse.Namespace, device: str) -> None:

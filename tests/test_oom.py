@@ -123,3 +123,13 @@ def test_the_run_says_where_its_time_went():
     assert line == ("workers ready by 4.2 s; shared cells done at 148.6 s; 18 cell(s) rerun alone in 25.6 s; "
                     "report rendered in 1.0 s")
     assert "alone" not in time_breakdown({"ready_s": 1.0, "cells_s": 2.0, "render_s": 0.1})
+
+
+def test_the_run_names_the_backends_that_took_longest():
+    from harness.cli import busiest_backends
+
+    cells = [{"operator": "op", "backend": "slow", "duration_s": 10.0},
+             {"operator": "op", "backend": "slow", "duration_s": 5.0},
+             {"operator": "op", "backend": "fast", "duration_s": 1.0},
+             {"operator": "op", "backend": "skipped"}]
+    assert busiest_backends(cells) == "op/slow 15 s, op/fast 1 s"
