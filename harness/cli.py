@@ -125,14 +125,14 @@ def cmd_run(a: argparse.Namespace) -> int:
     # the report's earlier timings of these cells on this device class: the longest groups start first
     ops = sorted({t.operator for t in plan.tasks})
     durations = report.recorded_durations(Path(a.report) / device_class(device), ops)
-    peaks = report.recorded_durations(Path(a.report) / device_class(device), ops, "peak_mem_mb")
+    peaks = report.recorded(Path(a.report) / device_class(device), ops, "peak_mem_mb")
     if device.startswith("cuda"):
         # first run on this GPU class: another GPU class's records still rank the groups and size them
         for d in sorted(Path(a.report).glob("*/")):
             if d.name in ("cpu", device_class(device)):
                 continue
             durations = durations or report.recorded_durations(d, ops)
-            peaks = peaks or report.recorded_durations(d, ops, "peak_mem_mb")
+            peaks = peaks or report.recorded(d, ops, "peak_mem_mb")
     stats: dict[str, float] = {}
     results = runner.run(plan, registry.plugins_loaded(), on_cell, workers=a.workers, timeout=a.timeout,
                          durations=durations, stats=stats, peaks=peaks)

@@ -137,9 +137,14 @@ def compact(dir_: Path, op: str) -> None:
     atomic_write(p, "\n".join(lines) + "\n")
 
 
-def recorded_durations(dir_: Path, operators: list[str], field: str = "duration_s") -> dict[tuple[str, str], float]:
-    """``field`` per cell (duration_key) of each cell's latest result in this directory: seconds by
-    default, or ``peak_mem_mb``."""
+def recorded_durations(dir_: Path, operators: list[str]) -> dict[tuple[str, str], float]:
+    """Seconds per cell (duration_key) of each cell's latest result in this directory."""
+    return recorded(dir_, operators, "duration_s")
+
+
+def recorded(dir_: Path, operators: list[str], field: str) -> dict[tuple[str, str], float]:
+    """A numeric field (``duration_s``, ``peak_mem_mb``) per cell (duration_key) of each cell's latest
+    result in this directory."""
     out: dict[tuple[str, str], float] = {}
     for op in operators:
         for c in load(dir_, op)[0]:

@@ -303,7 +303,7 @@ def run(
                 born[new.slot] = time.time()
             elif not w.ready and now - born[w.slot] > startup_timeout:
                 raise RuntimeError(f"worker {w.slot} did not start within {startup_timeout:.0f} s")
-    for w in pool:  # tell all to stop first, then wait: one by one, 16 exits took seconds
+    for w in pool:  # tell all to stop first, then wait, so that their exits overlap
         try:
             w.conn.send(None)
         except (OSError, BrokenPipeError):
