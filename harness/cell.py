@@ -315,42 +315,43 @@ def safe_run_cell(
 ) -> dict[str, Any]:
     """run_cell, with an exception in the backend turned into an ERROR cell."""
     try:
-        try:
-            return run_cell(op, backend, case, dtype, device, seed, repeats)
-        except torch.cuda.OutOfMemoryError:
-            raise
-        except Exception as e:
-            # a Triton launch or a CUDA call that could not get memory says so in its own words
-            # ("Triton Error [CUDA]: out of memory", seen on an H100 shared by 8 workers)
-            if _is_out_of_memory(f"{type(e).__name__}: {e}"):
-                raise torch.cuda.OutOfMemoryError(f"{type(e).__name__}: {e}") from e
-            raise
+        return run_cell(op, backend, case, dtype, device, seed, repeats)
     except torch.cuda.OutOfMemoryError as e:
-        clear_cache()
-        # the "OutOfMemoryError" prefix is what the runner looks for to rerun the cell alone
-        who = ("in the harness's oracle (float64 reference and float32 floors: the case is too large "
-               "for this GPU, whatever the backend)" if isinstance(e, OracleOutOfMemory) else
-               "in the backend or the harness's checks")
-        shared = os.environ.get("HARNESS_GPU_SHARED") == "1"
-        return error_cell(
-            op.name,
-            backend.name,
-            case,
-            dtype,
-            device,
-            seed,
-            "ERROR",
-            f"OutOfMemoryError {who}; "
-            f"{'other workers share this GPU' if shared else 'this worker had the GPU to itself'}: "
-            f"{str(e)[:300]}",
-        )
+        return _out_of_memory_cell(op, backend, case, dtype, device, seed, e)
     except Exception as e:  # the backend's failure is data, not a crash of the sweep
         msg = f"{type(e).__name__}: {e}"
+        if _is_out_of_memory(msg):
+            # a Triton launch or a CUDA call that could not get memory says so in its own words
+            # ("Triton Error [CUDA]: out of memory", seen on an H100 shared by 8 workers)
+            return _out_of_memory_cell(op, backend, case, dtype, device, seed, e)
         status = "CRASH" if _is_device_fault(msg) else "ERROR"
         _release(device)
         return error_cell(
             op.name, backend.name, case, dtype, device, seed, status, msg[:2000], traceback.format_exc(limit=12)
         )
+
+
+def _out_of_memory_cell(op: OperatorSpec, backend: Backend, case: Case, dtype: str, device: str, seed: int,
+                        e: Exception) -> dict[str, Any]:
+    clear_cache()
+    # the "OutOfMemoryError" prefix is what the runner looks for to rerun the cell alone
+    who = ("in the harness's oracle (float64 reference and float32 floors: the case is too large "
+           "for this GPU, whatever the backend)" if isinstance(e, OracleOutOfMemory) else
+           "in the backend or the harness's checks")
+    detail = str(e) if isinstance(e, torch.cuda.OutOfMemoryError) else f"{type(e).__name__}: {e}"
+    shared = os.environ.get("HARNESS_GPU_SHARED") == "1"
+    return error_cell(
+        op.name,
+        backend.name,
+        case,
+        dtype,
+        device,
+        seed,
+        "ERROR",
+        f"OutOfMemoryError {who}; "
+        f"{'other workers share this GPU' if shared else 'this worker had the GPU to itself'}: "
+        f"{detail[:300]}",
+    )
 
 
 def _is_device_fault(msg: str) -> bool:

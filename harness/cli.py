@@ -124,15 +124,17 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     # the report's earlier timings of these cells on this device class: the longest groups start first
     ops = sorted({t.operator for t in plan.tasks})
-    durations = report.recorded_durations(Path(a.report) / device_class(device), ops)
-    peaks = report.recorded(Path(a.report) / device_class(device), ops, "peak_mem_mb")
+    fields = ("duration_s", "peak_mem_mb")
+    rec = report.recorded(Path(a.report) / device_class(device), ops, fields)
     if device.startswith("cuda"):
         # first run on this GPU class: another GPU class's records still rank the groups and size them
         for d in sorted(Path(a.report).glob("*/")):
-            if d.name in ("cpu", device_class(device)):
-                continue
-            durations = durations or report.recorded_durations(d, ops)
-            peaks = peaks or report.recorded(d, ops, "peak_mem_mb")
+            if all(rec.values()):
+                break
+            if d.name not in ("cpu", device_class(device)):
+                other = report.recorded(d, ops, fields)
+                rec = {f: rec[f] or other[f] for f in fields}
+    durations, peaks = rec["duration_s"], rec["peak_mem_mb"]
     stats: dict[str, float] = {}
     results = runner.run(plan, registry.plugins_loaded(), on_cell, workers=a.workers, timeout=a.timeout,
                          durations=durations, stats=stats, peaks=peaks)

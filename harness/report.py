@@ -48,7 +48,7 @@ def planned_key_of(c: dict) -> str:
 
 
 def duration_key(op: str, backend: str, dtype: str, case_name: str) -> tuple[str, str]:
-    """Key of recorded_durations: a cell across operators (two may share backend, dtype and case name)."""
+    """Key of recorded(): a cell across operators (two may share backend, dtype and case name)."""
     return op, planned_key(backend, dtype, case_name)
 
 
@@ -139,17 +139,19 @@ def compact(dir_: Path, op: str) -> None:
 
 def recorded_durations(dir_: Path, operators: list[str]) -> dict[tuple[str, str], float]:
     """Seconds per cell (duration_key) of each cell's latest result in this directory."""
-    return recorded(dir_, operators, "duration_s")
+    return recorded(dir_, operators, ("duration_s",))["duration_s"]
 
 
-def recorded(dir_: Path, operators: list[str], field: str) -> dict[tuple[str, str], float]:
-    """A numeric field (``duration_s``, ``peak_mem_mb``) per cell (duration_key) of each cell's latest
-    result in this directory."""
-    out: dict[tuple[str, str], float] = {}
+def recorded(dir_: Path, operators: list[str], fields: tuple[str, ...]) -> dict[str, dict[tuple[str, str], float]]:
+    """Numeric fields (``duration_s``, ``peak_mem_mb``) per cell (duration_key) of each cell's latest
+    result in this directory, read in one pass: {field: {key: value}}."""
+    out: dict[str, dict[tuple[str, str], float]] = {f: {} for f in fields}
     for op in operators:
         for c in load(dir_, op)[0]:
-            if isinstance(c.get(field), (int, float)):
-                out[duration_key(op, c["backend"], c["dtype"], c["case"]["name"])] = float(c[field])
+            key = duration_key(op, c["backend"], c["dtype"], c["case"]["name"])
+            for f in fields:
+                if isinstance(c.get(f), (int, float)):
+                    out[f][key] = float(c[f])
     return out
 
 

@@ -37,6 +37,12 @@ class Task:
     skip_kind: str = ""  # "unavailable" (backend cannot run here) or "unsupported" (this cell only)
     oom_tries: int = 0  # times this cell ran out of memory on a shared GPU
 
+    def record_key(self) -> tuple[str, str]:
+        """This cell's key in the report's records of earlier runs (report.recorded)."""
+        from .report import duration_key
+
+        return duration_key(self.operator, self.backend, self.dtype, self.case.name)
+
     def failed(self, status: str, message: str) -> dict[str, Any]:
         """The cell for this task when it produced no result of its own (SKIP, TIMEOUT, CRASH, ...)."""
         cell = error_cell(self.operator, self.backend, self.case, self.dtype, self.device, self.seed, status, message)
@@ -328,8 +334,6 @@ def order_groups(todo: list[Task], durations: dict[tuple[str, str], float]) -> l
     With recorded durations the groups run longest first, so that the long ones do not start last and
     leave the other workers idle at the end (a group never seen before counts as the median group).
     Without them, operators are interleaved, so that a sweep cut short still has cells of each."""
-    from .report import duration_key
-
     groups: dict[tuple, list[Task]] = {}
     for t in todo:
         groups.setdefault((t.operator, t.case.name, repr(sorted(t.case.params.items())), t.dtype), []).append(t)
@@ -338,7 +342,7 @@ def order_groups(todo: list[Task], durations: dict[tuple[str, str], float]) -> l
         typical = known[len(known) // 2]
 
         def cost(g: list[Task]) -> float:
-            return sum(durations.get(duration_key(t.operator, t.backend, t.dtype, t.case.name), typical) for t in g)
+            return sum(durations.get(t.record_key(), typical) for t in g)
 
         return sorted(groups.values(), key=cost, reverse=True)  # stable: ties keep the plan's order
     by_op: dict[str, list[list[Task]]] = {}
@@ -378,10 +382,7 @@ class MemoryPacker:
         self.held: dict[int | None, float] = {}
 
     def need(self, group: list[Task]) -> float:
-        from .report import duration_key
-
-        return max((self.peaks.get(duration_key(t.operator, t.backend, t.dtype, t.case.name), 0.0) for t in group),
-                   default=0.0)
+        return max((self.peaks.get(t.record_key(), 0.0) for t in group), default=0.0)
 
     def take(self, queue: list[list[Task]], gpu: int | None) -> tuple[list[Task], float] | None:
         if not queue:
@@ -409,11 +410,9 @@ class MemoryPacker:
 
     def learn_oom(self, t: Task, cell: dict) -> None:
         """What the cell held when it ran out, plus the allocation that failed (from torch's message)."""
-        from .report import duration_key
-
         m = re.search(r"Tried to allocate ([0-9.]+) (GiB|MiB)", str(cell.get("error", "")))
         tried = float(m.group(1)) * (1024 if m.group(2) == "GiB" else 1) if m else 0.0
-        key = duration_key(t.operator, t.backend, t.dtype, t.case.name)
+        key = t.record_key()
         self.peaks[key] = max(self.peaks.get(key, 0.0), float(cell.get("peak_mem_mb") or 0.0) + tried)
 
 

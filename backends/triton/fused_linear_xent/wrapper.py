@@ -171,23 +171,21 @@ def _tma_ok(*ts: Tensor) -> bool:
                     and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0 for t in ts))
 
 
-def _desc(t: Tensor, block: list[int]) -> Any:
+def _tma_args(*pairs: tuple[Tensor, list[int]], also: bool = True) -> tuple[list[Any], bool]:
+    """GEMM operands as TMA tensor descriptors of these blocks where the copy engine can read them all
+    (and ``also`` holds), else as they are (the kernels' pointer loads); and which it is."""
+    ts = [t for t, _ in pairs]
+    if not (also and _tma_ok(*ts)):
+        return ts, False
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    return TensorDescriptor.from_tensor(t, block)
-
-
-def _operands(h: Tensor, W: Tensor, g: Gemm) -> tuple[Any, Any, bool]:
-    """h and W as TMA tensor descriptors where the copy engine can read them, else as they are."""
-    if not _tma_ok(h, W):
-        return h, W, False
-    return _desc(h, [g.BM, g.BK]), _desc(W, [g.BN, g.BK]), True
+    return [TensorDescriptor.from_tensor(t, block) for t, block in pairs], True
 
 
 def _logits(h, W, b, y, z, st, o: _Opts, cfg: Config) -> None:
     (T, H), V, g = h.shape, W.shape[0], cfg.logits
     pm, ps, pz, zy = st
-    ha, wa, tma = _operands(h, W, g)
+    (ha, wa), tma = _tma_args((h, [g.BM, g.BK]), (W, [g.BN, g.BK]))
     _launch(K._logits_kernel, _grid(T, V, g, h.device), g, ha, wa, _or(b, pm), y, _or(z, pm), pm, ps, pz, zy,
             T, V, H, h.stride(0), h.stride(1), W.stride(0), W.stride(1), _s0(b), y.stride(0), _s0(z), pm.stride(0),
             float(o.cap or 1.0), HAS_BIAS=b is not None, SOFTCAP=o.cap is not None, STORE_Z=z is not None,
@@ -213,8 +211,7 @@ def _dw(dz, gap: int, h, acc, out, gr: _Grad | None, mode: int, g: Gemm) -> None
     (T, H), V = h.shape, _or(acc, out).shape[0]
     dummy = _or(acc, out)
     g_ptr, den_ptr = gr.scale_args() if gr is not None else (dummy, dummy)
-    tma = _tma_ok(dz, h)
-    da, ha = (_desc(dz[:T], [g.BK, g.BM]), _desc(h, [g.BK, g.BN])) if tma else (dz, h)
+    (da, ha), tma = _tma_args((dz[:T], [g.BK, g.BM]), (h, [g.BK, g.BN]))
     _launch(K._dw_kernel, _grid(V, H, g, h.device), g, da, ha, dummy, _or(out, dummy), g_ptr, den_ptr, V, H, T,
             dz.stride(0), h.stride(0), h.stride(1), _s0(acc), _s0(out), MODE=mode,
             APPLY_G=gr is not None and gr.fold, GAP=gap, EVEN_K=T % g.BK == 0, PREC=PREC, TMA=tma)
@@ -225,8 +222,7 @@ def _dh(dz, gap: int, W, acc, out, gr: _Grad | None, mode: int, g: Gemm) -> None
     T, (V, H) = _or(acc, out).shape[0], W.shape
     dummy = _or(acc, out)
     g_ptr, den_ptr = gr.scale_args() if gr is not None else (dummy, dummy)
-    tma = V % g.BK == 0 and _tma_ok(dz, W)
-    da, wa = (_desc(dz[:T], [g.BM, g.BK]), _desc(W, [g.BK, g.BN])) if tma else (dz, W)
+    (da, wa), tma = _tma_args((dz[:T], [g.BM, g.BK]), (W, [g.BK, g.BN]), also=V % g.BK == 0)
     _launch(K._dh_kernel, _grid(T, H, g, W.device), g, da, wa, dummy, _or(out, dummy), g_ptr, den_ptr, T, H, V,
             dz.stride(0), W.stride(0), W.stride(1), _s0(acc), _s0(out), MODE=mode,
             APPLY_G=gr is not None and gr.fold, GAP=gap, EVEN_K=V % g.BK == 0, PREC=PREC, TMA=tma)
@@ -301,7 +297,7 @@ def _lean_backward(h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Config):
         Ws = W[v0:v0 + s]
         bs = b[v0:v0 + s] if b is not None else None
         dbs = dbp[:, v0:] if dbp is not None else None
-        ha, wa, tma = _operands(h, Ws, g)
+        (ha, wa), tma = _tma_args((h, [g.BM, g.BK]), (Ws, [g.BN, g.BK]))
         _launch(K._dz_gemm_kernel, _grid(T, s, g, h.device), g, ha, wa, _or(bs, dz), y, lse, *ptrs, dz,
                 _or(dbs, dz), T, s, H, v0, h.stride(0), h.stride(1), Ws.stride(0), Ws.stride(1), _s0(bs), y.stride(0),
                 *strides, dz.stride(0), _s0(dbs), *o.row_args(V), HAS_BIAS=b is not None,
