@@ -15,6 +15,7 @@ import torch
 
 from .inputs import generator, place, randn
 from .spec import Case, Inputs, OperatorSpec
+from .verdict import FloorSummary
 
 Tensor = torch.Tensor
 _ORACLE_CACHE: OrderedDict[tuple, dict] = OrderedDict()
@@ -198,24 +199,23 @@ def oracle_and_floor(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int
     r_grad = {k: (v.to(inputs.tensors[k].dtype) if v is not None else None) for k, v in r_grad.items()}
     err_out = {k: [_err(v, o_out.get(k))] for k, v in r_out.items()}
     err_grad = {k: [_err(v, o_grad.get(k))] for k, v in r_grad.items()}
+    # the further samples are reduced per component as they come: kept whole, eight float64 samples of
+    # a [128256, 4096] dweight (4.2 GB each) ran a V=128256 cell out of an 80 GB GPU
+    summaries: dict[str, list[FloorSummary]] = {}
     pgen = generator(op.name, case.name, case.params, seed, "floor-samples")
     for _ in range(FLOOR_SAMPLES):
         pin = Inputs(_perturb(inputs.tensors, pgen), inputs.options)
         pg = _perturb(g, pgen)
         po, pgr, _ = reference_run(op, pin, pg, torch.float64)
         ro, rgr, _ = reference_run(op, pin, pg, torch.float32, tf32=tf32)
-        for k, v in ro.items():
-            err_out.setdefault(k, []).append(_err(v.to(contract.get(k, v.dtype)), po.get(k)))
-        for k, v in rgr.items():
-            if v is not None:
-                err_grad.setdefault(k, []).append(_err(v.to(inputs.tensors[k].dtype), pgr.get(k)))
+        ro = {k: v.to(contract.get(k, v.dtype)) for k, v in ro.items()}
+        rgr = {k: v.to(inputs.tensors[k].dtype) for k, v in rgr.items() if v is not None}
+        _summarize(op, case, ro, po, rgr, pgr, summaries)
+        del po, pgr, ro, rgr
     if case.microbatches > 1 and op.microbatch is not None:
         # the floor under the same protocol: per-microbatch float32 results rounded, then combined
         mo, mg = _floor_microbatched(op, inputs, g, case, seed, contract, tf32)
-        for k, v in mo.items():
-            err_out.setdefault(k, []).append(_err(v, o_out.get(k)))
-        for k, v in mg.items():
-            err_grad.setdefault(k, []).append(_err(v, o_grad.get(k)))
+        _summarize(op, case, mo, o_out, mg, o_grad, summaries)
     extra: dict[str, Any] = {}
     if op.extra_bound is not None:
         kw = (
@@ -232,6 +232,7 @@ def oracle_and_floor(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int
         "o_grad": o_grad,
         "r_out": err_out,
         "r_grad": err_grad,
+        "r_summaries": summaries,
         "extra": extra,
     }
     # one entry: a worker runs all backends of a (case, dtype) group in a row, and a second entry of a
@@ -239,6 +240,27 @@ def oracle_and_floor(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int
     _ORACLE_CACHE.clear()
     _ORACLE_CACHE[key] = entry
     return entry
+
+
+def _summarize(
+    op: OperatorSpec, case: Case, outs: dict, o_outs: dict, grads: dict, o_grads: dict, into: dict
+) -> None:
+    """Append each component's FloorSummary of one floor sample (floor results against their oracle)."""
+    for comp in op.components:
+        r, o = (outs, o_outs) if comp.kind == "out" else (grads, o_grads)
+        name = comp.tensor_name
+        err = _err(r.get(name), o.get(name))
+        if err is not None:
+            sel = comp.select(o[name], case.params)
+            into.setdefault(comp.name, []).append(FloorSummary.of(comp.select(err, case.params), sel))
+
+
+def floor_samples(ref: dict, comp: Any, params: dict) -> list:
+    """What the verdict gets as the floor of one component: the unperturbed sample's errors (a tensor)
+    and the summaries of the perturbed ones."""
+    table = ref["r_out"] if comp.kind == "out" else ref["r_grad"]
+    whole = [comp.select(x, params) for x in table.get(comp.tensor_name, []) if x is not None]
+    return whole + list(ref["r_summaries"].get(comp.name, []))
 
 
 def clear_cache() -> None:
