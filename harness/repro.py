@@ -1,9 +1,9 @@
 """Repro bundles: a failing cell saved with everything needed to replay it in one command.
 
 ``reports/repro/<name>/bundle.json`` holds the operator, backend, plugins, case, dtype, seed, versions
-and device; ``inputs.pt`` the inputs and upstream gradients as generated (when under 64 MB). Inputs are
-regenerated from the seed on replay and checked against the saved ones, so a changed generator is
-noticed instead of silently replaying something else.
+and device; ``inputs.pt`` the inputs as generated (when under 64 MB) and their digest (taken by the
+worker that ran the cell). Inputs are regenerated from the seed on replay and checked against the
+digest, so a changed generator is noticed instead of silently replaying something else.
 """
 
 from __future__ import annotations
@@ -33,6 +33,18 @@ def _digest(tensors: dict[str, Any]) -> str:
     return h.hexdigest()[:16]
 
 
+def _nbytes(tensors: dict[str, Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values() if isinstance(t, torch.Tensor))
+
+
+def input_digest(op: Any, case: Case, dtype: torch.dtype, seed: int, device: str) -> tuple[str, int]:
+    """Digest and size of a cell's inputs as drawn (bit-identical on every device, see oracle)."""
+    from .oracle import gen_inputs
+
+    inputs = gen_inputs(op, case, dtype, seed, device)
+    return _digest(inputs.tensors), _nbytes(inputs.tensors)
+
+
 def save_bundle(cell: dict, root: str | Path, plugins: list[str]) -> Path:
     from .oracle import gen_inputs
 
@@ -41,10 +53,13 @@ def save_bundle(cell: dict, root: str | Path, plugins: list[str]) -> Path:
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{op.name}-{cell['backend']}-{cell['dtype']}-{case.name}")[:120]
     d = Path(root) / "repro" / name
     d.mkdir(parents=True, exist_ok=True)
-    inputs = gen_inputs(op, case, dtype_of(cell["dtype"]), cell.get("seed", 0), "cpu")
-    size = sum(t.numel() * t.element_size() for t in inputs.tensors.values() if isinstance(t, torch.Tensor))
-    if size <= MAX_SAVED_BYTES:
-        torch.save({k: v for k, v in inputs.tensors.items()}, d / "inputs.pt")
+    digest, size = cell.get("inputs_sha256"), cell.get("inputs_bytes")
+    if digest is None or size is None or size <= MAX_SAVED_BYTES:
+        # small inputs are saved; a cell whose worker died (CRASH, TIMEOUT) has no digest yet
+        inputs = gen_inputs(op, case, dtype_of(cell["dtype"]), cell.get("seed", 0), "cpu")
+        digest, size = _digest(inputs.tensors), _nbytes(inputs.tensors)
+        if size <= MAX_SAVED_BYTES:
+            torch.save({k: v for k, v in inputs.tensors.items()}, d / "inputs.pt")
     bundle = {
         "operator": op.name,
         "backend": cell["backend"],
@@ -55,7 +70,7 @@ def save_bundle(cell: dict, root: str | Path, plugins: list[str]) -> Path:
         "plugins": plugins,
         "status": cell["status"],
         "failing": [r["name"] for r in cell.get("components", []) if r["verdict"] != "PASS"],
-        "inputs_sha256": _digest(inputs.tensors),
+        "inputs_sha256": digest,
         "inputs_saved": size <= MAX_SAVED_BYTES,
         "provenance": run_provenance(cell.get("device") or "cpu"),
         "command": f"harness repro {d}",
