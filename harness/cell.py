@@ -235,7 +235,10 @@ def run_cell(
         fails = op.invariants(got["outs"], got["grads"], inp, case, grad_outputs=g)
         contracts.append({"name": "invariants", "ok": not fails, "detail": "; ".join(fails[:3])})
     if repeats > 1:
+        t2 = time.time()
         again = once()
+        # the same call again: next to backend_s, what compilation and other first-call costs took
+        cell["backend_again_s"] = round(time.time() - t2, 4)
         again.pop("impl")
         kind = _determinism(got, again)
         ok = kind == "bitwise" or not backend.deterministic

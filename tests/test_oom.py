@@ -133,3 +133,7 @@ def test_the_run_names_the_backends_that_took_longest():
              {"operator": "op", "backend": "fast", "duration_s": 1.0},
              {"operator": "op", "backend": "skipped"}]
     assert busiest_backends(cells) == "op/slow 15 s, op/fast 1 s"
+    # both calls of the backend timed: first call / the same call again (compilation shows as the gap)
+    cells[0].update(backend_s=8.0, backend_again_s=0.5)
+    cells[1].update(backend_s=3.0, backend_again_s=0.4)
+    assert busiest_backends(cells) == "op/slow 15 s (11 / 1), op/fast 1 s"
