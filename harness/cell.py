@@ -326,8 +326,11 @@ def _with_input_digest(cell: dict[str, Any], op: OperatorSpec, case: Case, devic
     """The repro bundle of a failing cell names its inputs by digest. Taken here from the worker's own
     draws, not regenerated later by the parent one cell after another: for the 18 failing cells of
     a V=128256 sweep that regeneration (13 s each on 2 cores) added over a minute to the run's end.
-    Not after a device fault, whose CUDA context is gone."""
-    if cell["status"] not in ("FAIL", "SHAPE", "ERROR") or cell.get("expected_gap"):
+    Not after a device fault, whose CUDA context is gone, nor after running out of memory: the runner
+    reruns such a cell, and its draws were just dropped to free the GPU (drawing them again for a
+    digest would cost seconds per try)."""
+    if cell["status"] not in ("FAIL", "SHAPE", "ERROR") or cell.get("expected_gap") \
+            or str(cell.get("error", "")).startswith("OutOfMemoryError"):
         return cell
     from .repro import input_digest
 

@@ -77,6 +77,8 @@ def test_failing_cell_carries_its_input_digest_and_the_bundle_does_not_regenerat
     assert cell["inputs_sha256"] == want and cell["inputs_bytes"] > 0
     passing = {k: v for k, v in cell.items() if not k.startswith("inputs_")} | {"status": "PASS"}
     assert "inputs_sha256" not in _with_input_digest(passing, op, case, "cpu")
+    oom = passing | {"status": "ERROR", "error": "OutOfMemoryError in the backend or the harness's checks"}
+    assert "inputs_sha256" not in _with_input_digest(oom, op, case, "cpu")  # rerun by the runner, draws dropped
 
     # a large cell's bundle takes the worker's digest instead of drawing the inputs again in the parent
     def no_draws(*a, **k):
