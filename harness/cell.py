@@ -329,8 +329,7 @@ def _with_input_digest(cell: dict[str, Any], op: OperatorSpec, case: Case, devic
     Not after a device fault, whose CUDA context is gone, nor after running out of memory: the runner
     reruns such a cell, and its draws were just dropped to free the GPU (drawing them again for a
     digest would cost seconds per try)."""
-    if cell["status"] not in ("FAIL", "SHAPE", "ERROR") or cell.get("expected_gap") \
-            or str(cell.get("error", "")).startswith("OutOfMemoryError"):
+    if cell["status"] not in ("FAIL", "SHAPE", "ERROR") or cell.get("expected_gap") or is_oom(cell):
         return cell
     from .repro import input_digest
 
@@ -360,6 +359,11 @@ def _run_cell_or_error(
         return error_cell(
             op.name, backend.name, case, dtype, device, seed, status, msg[:2000], traceback.format_exc(limit=12)
         )
+
+
+def is_oom(cell: dict) -> bool:
+    """An ERROR cell of _out_of_memory_cell (the runner reruns those)."""
+    return cell.get("status") == "ERROR" and str(cell.get("error", "")).startswith("OutOfMemoryError")
 
 
 def _out_of_memory_cell(op: OperatorSpec, backend: Backend, case: Case, dtype: str, device: str, seed: int,

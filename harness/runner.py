@@ -18,7 +18,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from . import registry
-from .cell import error_cell
+from .cell import error_cell, is_oom
 from .spec import Case, as_list
 
 INTERPRETER_BF16 = "bf16 tl.dot is wrong in the Triton interpreter; bf16 is judged on the GPU"
@@ -426,8 +426,6 @@ def requeue_oom(t: Task, queue: list[list[Task]], alone: list[Task]) -> None:
         alone.append(t)
 
 
-def is_oom(cell: dict) -> bool:
-    return cell.get("status") == "ERROR" and str(cell.get("error", "")).startswith("OutOfMemoryError")
 
 
 def per_worker_counts(results: list[dict]) -> dict[str, int]:

@@ -267,3 +267,19 @@ def test_many_heatmaps_are_drawn_by_a_process_pool(tmp_path):
               "components": [{"name": "dq", "verdict": "FAIL", "localization": {"grid": grid}}]} for i in range(10)]
     paths = heatmaps(tmp_path, "op", cells).values()
     assert len(paths) == 10 and all(_png_digest(tmp_path / p) for p in paths)  # each drawn, with its digest
+
+
+def test_a_floor_summary_bounds_like_the_sample_it_replaces():
+    from harness.verdict import FloorSummary
+
+    g = torch.Generator().manual_seed(3)
+    o = torch.randn(64, generator=g, dtype=torch.float64)
+    o[5] = float("nan")  # a position where the oracle itself is not finite
+    k = o + 1e-6 * torch.randn(64, generator=g, dtype=torch.float64)
+    first = 1e-7 * torch.rand(64, generator=g, dtype=torch.float64)
+    later = 3e-7 * torch.rand(64, generator=g, dtype=torch.float64)  # the larger one sets the bound
+    later[9] = float("inf")
+    whole, _ = judge("x", k, o, [first, later], torch.float32)
+    summed, _ = judge("x", k, o, [first, FloorSummary.of(later, o)], torch.float32)
+    assert (summed.ref_max, summed.ref_rms, summed.verdict) == (whole.ref_max, whole.ref_rms, whole.verdict)
+    assert summed.ref_max > float(first.max())
