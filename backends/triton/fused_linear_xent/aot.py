@@ -30,7 +30,9 @@ def _target(name: str, fn, dtype: torch.dtype, constexprs: dict, ones: tuple[str
         if a in consts:
             sig[a] = "constexpr"
         elif a.endswith("_ptr"):
-            sig[a] = _PTR[dtype] if a in _DATA else "*i64" if a == "y_ptr" else "*fp32"
+            # the bf16 configuration keeps the fast mode's logits as float16 offsets (kernels module doc)
+            sig[a] = _PTR[dtype] if a in _DATA else "*i64" if a == "y_ptr" else \
+                "*fp16" if a == "z_ptr" and _cfg(dtype).z16 else "*fp32"
             aligned.append(a)
         elif a in _FLOATS:
             sig[a] = "fp32"
@@ -65,9 +67,8 @@ def _coef(rows: bool, scaled: bool, glse: bool) -> dict:
 
 def aot_targets() -> list[dict]:
     """Every kernel in bf16 with the flags of both gradient paths; fp32 and fp16 on the GEMMs whose
-    operand layouts differ (float32 dots with ieee precision; fp16 dZ with gaps)."""
+    operand layouts differ (float32 dots with ieee precision; float16 logit offsets)."""
     bf, f32, f16 = torch.bfloat16, torch.float32, torch.float16
-    gap = GPU.vblock
     out = []
     for dt in (bf, f32, f16):
         out.append(_target("logits-z", K._logits_kernel, dt,
@@ -89,43 +90,43 @@ def aot_targets() -> list[dict]:
     for norm in (False, True):
         out.append(_target(f"loss-norm{int(norm)}", K._loss_kernel, f32,
                            dict(MEAN=True, HAS_NORM=norm, BLOCK=1024), ("s_y",)))
-    dz_flags = dict(SOFTCAP=True, HAS_BIAS=True, BR=GPU.rows, BV=gap)
-    out.append(_target("dz-chunk-fold", K._dz_chunk_kernel, bf, {**dz_flags, **_coef(False, False, False),
-                                                                   "GAPPED": True}, ("s_y",)))
-    out.append(_target("dz-chunk-rows", K._dz_chunk_kernel, bf, {**dz_flags, **_coef(True, True, True),
-                                                                   "GAPPED": True}, ("s_y", "s_g", "s_gl")))
-    out.append(_target("dz-chunk-fold", K._dz_chunk_kernel, f32, {**dz_flags, **_coef(False, False, False),
-                                                                    "GAPPED": False}, ("s_y",)))
+    dz_flags = dict(SOFTCAP=True, HAS_BIAS=True, BR=GPU.rows, BV=GPU.vblock, ZBN=GPU.logits.BN)
+    out.append(_target("dz-chunk-fold", K._dz_chunk_kernel, bf, {**dz_flags, **_coef(False, False, False)},
+                       ("s_y",)))
+    out.append(_target("dz-chunk-rows", K._dz_chunk_kernel, bf, {**dz_flags, **_coef(True, True, True)},
+                       ("s_y", "s_g", "s_gl")))
+    out.append(_target("dz-chunk-fold", K._dz_chunk_kernel, f32, {**dz_flags, **_coef(False, False, False)},
+                       ("s_y",)))
     for dt, coef in ((bf, _coef(False, False, False)), (bf, _coef(True, True, True)),
                      (f32, _coef(False, True, True))):
         out.append(_target(f"dz-gemm-rows{int(coef['G_ROWS'])}", K._dz_gemm_kernel, dt,
                            dict(HAS_BIAS=True, SOFTCAP=True, EVEN_K=True, PREC="ieee", TMA=False, **coef),
                            ("s_hk", "s_wk", "s_b", "s_y"), _cfg(dt).dzg))
-    for dt, mode, g, fold in ((bf, 0, gap, False), (bf, 1, gap, False), (bf, 2, 0, True),
-                              (f16, 1, gap, False), (f32, 1, 0, False)):
-        out.append(_target(f"dw-mode{mode}-gap{g}", K._dw_kernel, dt,
-                           dict(MODE=mode, APPLY_G=fold, GAP=g, EVEN_K=True, PREC="ieee", TMA=False), ("s_hk",),
+    for dt, mode, fold in ((bf, 0, False), (bf, 1, False), (bf, 2, True), (f16, 1, False), (f32, 1, False)):
+        out.append(_target(f"dw-mode{mode}", K._dw_kernel, dt,
+                           dict(MODE=mode, APPLY_G=fold, EVEN_K=True, PREC="ieee", TMA=False), ("s_hk",),
                            _cfg(dt).ldw if mode == 2 else _cfg(dt).dw))
-    for mode, g, gm in ((1, gap, GPU.dw), (2, 0, GPU.ldw)):
-        t = _target(f"dw-tma-mode{mode}-gap{g}", K._dw_kernel, bf,
-                    dict(MODE=mode, APPLY_G=mode == 2, GAP=g, EVEN_K=True, PREC="ieee", TMA=True), ("s_hk",), gm)
+    for mode, gm in ((1, GPU.dw), (2, GPU.ldw)):
+        t = _target(f"dw-tma-mode{mode}", K._dw_kernel, bf,
+                    dict(MODE=mode, APPLY_G=mode == 2, EVEN_K=True, PREC="ieee", TMA=True), ("s_hk",), gm)
         out.append(_descriptors(t, bf, gm, {"dz_ptr": "BK,BM", "h_ptr": "BK,BN"}))
     lz = _target("dz-gemm-tma", K._dz_gemm_kernel, bf, dict(HAS_BIAS=True, SOFTCAP=True, EVEN_K=True, PREC="ieee",
                                                            TMA=True, **_coef(False, False, False)),
                  ("s_hk", "s_wk", "s_b", "s_y"), GPU.dzg)
     out.append(_descriptors(lz, bf, GPU.dzg))
     # a one-token chunk (T specialized to 1) takes the small dweight tile: its shared memory differs
-    out.append(_target("dw-mode0-gap256-T1", K._dw_kernel, bf,
-                       dict(MODE=0, APPLY_G=False, GAP=gap, EVEN_K=False, PREC="ieee", TMA=False), ("s_hk", "T"),
+    out.append(_target("dw-mode0-T1", K._dw_kernel, bf,
+                       dict(MODE=0, APPLY_G=False, EVEN_K=False, PREC="ieee", TMA=False), ("s_hk", "T"),
                        GPU.dw_small))
-    for dt, mode, g, fold in ((bf, 0, gap, True), (bf, 2, gap, True), (bf, 1, 0, False), (bf, 3, 0, True),
-                              (f16, 0, gap, True), (f32, 0, 0, True)):
-        out.append(_target(f"dh-mode{mode}-gap{g}", K._dh_kernel, dt,
-                           dict(MODE=mode, APPLY_G=fold, GAP=g, EVEN_K=True, PREC="ieee", TMA=False), ("s_wk",),
-                           _cfg(dt).dh if g else _cfg(dt).ldh))
-    for mode, g, gm in ((0, gap, GPU.dh), (3, 0, GPU.ldh)):
-        t = _target(f"dh-tma-mode{mode}-gap{g}", K._dh_kernel, bf,
-                    dict(MODE=mode, APPLY_G=True, GAP=g, EVEN_K=True, PREC="ieee", TMA=True), ("s_wk",), gm)
+    # fast mode (dh tile) and lean mode (ldh tile)
+    for dt, mode, fold, fast in ((bf, 0, True, True), (bf, 2, True, True), (bf, 1, False, False),
+                                 (bf, 3, True, False), (f16, 0, True, True), (f32, 0, True, True)):
+        out.append(_target(f"dh-mode{mode}", K._dh_kernel, dt,
+                           dict(MODE=mode, APPLY_G=fold, EVEN_K=True, PREC="ieee", TMA=False), ("s_wk",),
+                           _cfg(dt).dh if fast else _cfg(dt).ldh))
+    for mode, gm in ((0, GPU.dh), (3, GPU.ldh)):
+        t = _target(f"dh-tma-mode{mode}", K._dh_kernel, bf,
+                    dict(MODE=mode, APPLY_G=True, EVEN_K=True, PREC="ieee", TMA=True), ("s_wk",), gm)
         out.append(_descriptors(t, bf, gm, {"dz_ptr": "BM,BK", "w_ptr": "BK,BN"}))
     for acc in (False, True):
         out.append(_target(f"colsum-acc{int(acc)}", K._colsum_kernel, f32, dict(ACCUM=acc, BR=8, BV=256)))

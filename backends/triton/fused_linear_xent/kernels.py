@@ -6,10 +6,12 @@ partials (``_logits_kernel``), logits turned straight into dZ (``_dz_gemm_kernel
 ``dweight = dZ^T @ hidden`` (``_dw_kernel``) and ``dhidden = dZ @ weight`` (``_dh_kernel``).
 All accumulation is float32; dZ is rounded to the input dtype only as a GEMM operand.
 
-The fast mode keeps a chunk's float32 logits in a [C, V] buffer and overwrites it in place with dZ
-in the input dtype. With 16-bit dZ, the dZ tile of vocabulary block j (width GAP) is stored in the
-first half of the bytes of its own float32 tile, so element (t, v) of dZ lives at
-``t * row_stride + v + (v // GAP) * GAP``: no tile ever writes over another tile's logits.
+The fast mode keeps a chunk's logits in a [C, V] buffer and overwrites it in place with dZ in the
+input dtype. With 16-bit inputs the buffer is float16 and holds z - m, m the float32 max of the
+logits tile (the online-LSE partial, kept anyway): the entries whose softmax matters have z - m near
+0, where float16 keeps 11 bits of z - m, while dZ itself is then rounded to the 8 or 11 bits of the
+GEMM dtype (see _dz_chunk_kernel). Half the bytes of float32 logits: twice the tokens per chunk in
+the same memory, so half the float32 dweight read-modify-write passes.
 """
 
 import triton
@@ -40,8 +42,8 @@ def _n_tiles(M, N, BM: tl.constexpr, BN: tl.constexpr):
 
 @triton.jit
 def _mm(a_ptr, b_ptr, rm, rn, M, N, K, s_am, s_ak, s_bk, s_bn, acc,
-        BK: tl.constexpr, KGAP: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr, KS: tl.constexpr = 0):
-    """acc += A[rm, :K] @ B[:K, rn] with float32 accumulation; A's K index may carry dZ gaps.
+        BK: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr, KS: tl.constexpr = 0):
+    """acc += A[rm, :K] @ B[:K, rn] with float32 accumulation.
 
     float32 operands: ieee dots are FMA chains, and one chain over K = V (~1e5 terms) would carry
     sqrt(K) roundings; each BK tile is summed on its own and added to a mid accumulator flushed
@@ -66,7 +68,7 @@ def _mm(a_ptr, b_ptr, rm, rn, M, N, K, s_am, s_ak, s_bk, s_bn, acc,
         for k1 in range(0, K, BK * KMID):
             mid = tl.zeros_like(acc)
             for k0 in range(k1, tl.minimum(k1 + BK * KMID, K), BK):
-                a, b = _mm_load(a_rows, b_cols, rk, k0, K, s_ak, s_bk, mask_m, mask_n, KGAP, EVEN_K)
+                a, b = _mm_load(a_rows, b_cols, rk, k0, K, s_ak, s_bk, mask_m, mask_n, EVEN_K)
                 mid = tl.fma(tl.dot(a, b, input_precision=PREC), 1.0, mid)
             acc += mid
     elif KS > 0:
@@ -74,12 +76,12 @@ def _mm(a_ptr, b_ptr, rm, rn, M, N, K, s_am, s_ak, s_bk, s_bn, acc,
         # fwd+bwd at N=8192, H=4096, V=128256 on an H200); the flush branch is uniform
         mid = tl.zeros_like(acc)
         for k0 in range(0, K, BK):
-            a, b = _mm_load(a_rows, b_cols, rk, k0, K, s_ak, s_bk, mask_m, mask_n, KGAP, EVEN_K)
+            a, b = _mm_load(a_rows, b_cols, rk, k0, K, s_ak, s_bk, mask_m, mask_n, EVEN_K)
             acc, mid = _chain_step(acc, tl.dot(a, b, mid, input_precision=PREC), k0, BK, KS)
         acc += mid
     else:
         for k0 in range(0, K, BK):
-            a, b = _mm_load(a_rows, b_cols, rk, k0, K, s_ak, s_bk, mask_m, mask_n, KGAP, EVEN_K)
+            a, b = _mm_load(a_rows, b_cols, rk, k0, K, s_ak, s_bk, mask_m, mask_n, EVEN_K)
             acc = tl.dot(a, b, acc, input_precision=PREC)
     return acc
 
@@ -113,15 +115,12 @@ def _mm_tma(a_desc, b_desc, off_m, off_n, K, acc, BK: tl.constexpr, KS: tl.const
 
 
 @triton.jit
-def _mm_load(a_rows, b_cols, rk, k0, K, s_ak, s_bk, mask_m, mask_n, KGAP: tl.constexpr, EVEN_K: tl.constexpr):
-    ka = k0
-    if KGAP > 0:
-        ka = k0 + (k0 // KGAP) * KGAP
+def _mm_load(a_rows, b_cols, rk, k0, K, s_ak, s_bk, mask_m, mask_n, EVEN_K: tl.constexpr):
     if EVEN_K:
-        a = tl.load(a_rows + (ka + rk)[None, :] * s_ak, mask=mask_m, other=0.0)
+        a = tl.load(a_rows + (k0 + rk)[None, :] * s_ak, mask=mask_m, other=0.0)
         b = tl.load(b_cols + (k0 + rk)[:, None] * s_bk, mask=mask_n, other=0.0)
     else:
-        a = tl.load(a_rows + (ka + rk)[None, :] * s_ak, mask=mask_m & ((k0 + rk)[None, :] < K), other=0.0)
+        a = tl.load(a_rows + (k0 + rk)[None, :] * s_ak, mask=mask_m & ((k0 + rk)[None, :] < K), other=0.0)
         b = tl.load(b_cols + (k0 + rk)[:, None] * s_bk, mask=mask_n & ((k0 + rk)[:, None] < K), other=0.0)
     return a, b
 
@@ -197,7 +196,8 @@ def _logits_kernel(h_ptr, w_ptr, b_ptr, y_ptr, z_ptr, pm_ptr, ps_ptr, pz_ptr, zy
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
                    FLAT: tl.constexpr, KS: tl.constexpr, TMA: tl.constexpr = False):
     """Logits tile z = h @ W^T (+ bias, softcap): per-row max, sum-exp and sum of z over the tile,
-    the target logit, and (fast mode) the float32 logits themselves. KS: see _mm (split chain).
+    the target logit, and (fast mode) the logits themselves: float32, or into a float16 z_ptr as z
+    minus the tile's row max (module doc). KS: see _mm (split chain).
     TMA: h_ptr and w_ptr are tensor descriptors (_mm_tma)."""
     for tile in tl.range(tl.program_id(0), _n_tiles(T, V, BM, BN), tl.num_programs(0), flatten=FLAT):
         pid_m, pid_n = _tile_ids(tile, T, V, BM, BN, GROUP)
@@ -207,15 +207,18 @@ def _logits_kernel(h_ptr, w_ptr, b_ptr, y_ptr, z_ptr, pm_ptr, ps_ptr, pz_ptr, zy
         if TMA:
             acc = _mm_tma(h_ptr, w_ptr, pid_m * BM, pid_n * BN, H, acc, BK, KS)
         else:
-            acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, 0, EVEN_K, PREC, KS)
+            acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, EVEN_K, PREC, KS)
         z = _logits(acc, b_ptr, rn, V, s_b, cap, HAS_BIAS, SOFTCAP)
         rmask = rm < T
         cmask = rn < V
         mask = rmask[:, None] & cmask[None, :]
-        if STORE_Z:
-            tl.store(z_ptr + rm.to(tl.int64)[:, None] * s_zt + rn[None, :], z, mask=mask)
         zm = tl.where(cmask[None, :], z, float("-inf"))
         m = tl.max(zm, 1)
+        if STORE_Z:
+            zs = z
+            if z_ptr.dtype.element_ty == tl.float16:
+                zs = z - m[:, None]
+            tl.store(z_ptr + rm.to(tl.int64)[:, None] * s_zt + rn[None, :], zs.to(z_ptr.dtype.element_ty), mask=mask)
         s = tl.sum(tl.exp(zm - m[:, None]), 1)
         sz = tl.sum(tl.where(cmask[None, :], z, 0.0), 1)
         poff = rm.to(tl.int64) * s_p + pid_n
@@ -283,20 +286,25 @@ def _loss_kernel(lt_ptr, y_ptr, out_ptr, den_ptr, T, s_y, ignore_index, norm,
 
 
 @triton.jit
-def _dz_chunk_kernel(z_ptr, dz_ptr, y_ptr, lse_ptr, g_ptr, glse_ptr, den_ptr, dbp_ptr,
-                     T, V, s_zt, s_dzt, s_y, s_g, s_gl, s_dbp, ignore_index, eps, lam, inv_v, cap,
+def _dz_chunk_kernel(z_ptr, pm_ptr, dz_ptr, y_ptr, lse_ptr, g_ptr, glse_ptr, den_ptr, dbp_ptr,
+                     T, V, s_zt, s_p, s_dzt, s_y, s_g, s_gl, s_dbp, ignore_index, eps, lam, inv_v, cap,
                      G_ROWS: tl.constexpr, SCALED: tl.constexpr, HAS_GLSE: tl.constexpr,
-                     SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, GAPPED: tl.constexpr,
+                     SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, ZBN: tl.constexpr,
                      BR: tl.constexpr, BV: tl.constexpr):
-    """Fast mode: float32 logits of a chunk -> dZ in the GEMM dtype, in place (see module doc);
-    with a bias, also the column sums of the float32 dZ of this row block."""
+    """Fast mode: a chunk's logits -> dZ in the GEMM dtype, in place (see module doc); with a bias,
+    also the column sums of the float32 dZ of this row block. A float16 z holds z - m, m the row max
+    of the logits tile (ZBN wide) in pm; dZ's error from it is (m - z) * 2^-11 relative (p is at most
+    e^(z - m) of the row's largest entry, so at most e^-1 * 2^-11 of that entry), where dZ is then
+    rounded to 2^-8 (bf16) or 2^-11 (fp16) of each entry anyway."""
     pid_r = tl.program_id(0)
     pid_v = tl.program_id(1)
     rows = pid_r * BR + tl.arange(0, BR)
     cols = pid_v * BV + tl.arange(0, BV)
     rmask = rows < T
     mask = rmask[:, None] & (cols[None, :] < V)
-    z = tl.load(z_ptr + rows.to(tl.int64)[:, None] * s_zt + cols[None, :], mask=mask, other=0.0)
+    z = tl.load(z_ptr + rows.to(tl.int64)[:, None] * s_zt + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if z_ptr.dtype.element_ty == tl.float16:
+        z += tl.load(pm_ptr + rows.to(tl.int64)[:, None] * s_p + (cols // ZBN)[None, :], mask=mask, other=0.0)
     lse = tl.load(lse_ptr + rows, mask=rmask, other=0.0)
     y, coef, gl = _row_coef(rows, rmask, y_ptr, s_y, g_ptr, s_g, den_ptr, glse_ptr, s_gl, ignore_index,
                             G_ROWS, SCALED, HAS_GLSE)
@@ -305,11 +313,7 @@ def _dz_chunk_kernel(z_ptr, dz_ptr, y_ptr, lse_ptr, g_ptr, glse_ptr, den_ptr, db
         tl.store(dbp_ptr + pid_r * s_dbp + cols, tl.sum(dz, 0), mask=cols < V)
     # dZ overwrites this tile's own logits: every thread must have read them first
     tl.debug_barrier()
-    dcols = cols
-    if GAPPED:  # 16-bit dZ: the gap width is this kernel's BV
-        dcols = cols + pid_v * BV
-    tl.store(dz_ptr + rows.to(tl.int64)[:, None] * s_dzt + dcols[None, :],
-             dz.to(dz_ptr.dtype.element_ty), mask=mask)
+    tl.store(dz_ptr + rows.to(tl.int64)[:, None] * s_dzt + cols[None, :], dz.to(dz_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -331,7 +335,7 @@ def _dz_gemm_kernel(h_ptr, w_ptr, b_ptr, y_ptr, lse_ptr, g_ptr, glse_ptr, den_pt
         if TMA:
             acc = _mm_tma(h_ptr, w_ptr, pid_m * BM, pid_n * BN, H, acc, BK)
         else:
-            acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, 0, EVEN_K, PREC)
+            acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, EVEN_K, PREC)
         z = _logits(acc, b_ptr, rn, V, s_b, cap, HAS_BIAS, SOFTCAP)
         rmask = rm < T
         mask = rmask[:, None] & (rn[None, :] < V)
@@ -356,7 +360,7 @@ def _scale(g_ptr, den_ptr, APPLY_G: tl.constexpr):
 
 @triton.jit
 def _dw_kernel(dz_ptr, h_ptr, acc_ptr, out_ptr, g_ptr, den_ptr, V, H, T, s_dzt, s_ht, s_hk, s_acc, s_out,
-               MODE: tl.constexpr, APPLY_G: tl.constexpr, GAP: tl.constexpr, EVEN_K: tl.constexpr,
+               MODE: tl.constexpr, APPLY_G: tl.constexpr, EVEN_K: tl.constexpr,
                PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
                FLAT: tl.constexpr, TMA: tl.constexpr = False):
     """dweight tile = dZ^T @ hidden over T tokens. MODE 0: store into the float32 accumulator,
@@ -375,16 +379,10 @@ def _dw_kernel(dz_ptr, h_ptr, acc_ptr, out_ptr, g_ptr, den_ptr, V, H, T, s_dzt, 
         else:
             acc = tl.zeros((BM, BN), dtype=tl.float32)
         if TMA:
-            va = pid_m * BM
-            if GAP > 0:
-                va = va + (va // GAP) * GAP
             for k0 in range(0, T, BK):  # the descriptors' zero padding masks the tokens past T
-                acc = tl.dot(dz_ptr.load([k0, va]).T, h_ptr.load([k0, pid_n * BN]), acc)
+                acc = tl.dot(dz_ptr.load([k0, pid_m * BM]).T, h_ptr.load([k0, pid_n * BN]), acc)
         else:
-            a_ptr = dz_ptr
-            if GAP > 0:
-                a_ptr = dz_ptr + ((pid_m * BM) // GAP) * GAP
-            acc = _mm(a_ptr, h_ptr, rm, rn, V, H, T, 1, s_dzt, s_ht, s_hk, acc, BK, 0, EVEN_K, PREC)
+            acc = _mm(dz_ptr, h_ptr, rm, rn, V, H, T, 1, s_dzt, s_ht, s_hk, acc, BK, EVEN_K, PREC)
         if MODE == 2:
             acc = acc * _scale(g_ptr, den_ptr, APPLY_G)
             tl.store(out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :],
@@ -395,13 +393,12 @@ def _dw_kernel(dz_ptr, h_ptr, acc_ptr, out_ptr, g_ptr, den_ptr, V, H, T, s_dzt, 
 
 @triton.jit
 def _dh_kernel(dz_ptr, w_ptr, acc_ptr, out_ptr, g_ptr, den_ptr, T, H, V, s_dzt, s_wv, s_wk, s_acc, s_out,
-               MODE: tl.constexpr, APPLY_G: tl.constexpr, GAP: tl.constexpr, EVEN_K: tl.constexpr,
+               MODE: tl.constexpr, APPLY_G: tl.constexpr, EVEN_K: tl.constexpr,
                PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
                FLAT: tl.constexpr, TMA: tl.constexpr = False):
     """dhidden tile = dZ @ weight over V vocabulary entries. MODE 0: store float32, 1: add to the
     float32 accumulator, 2: scaled into the output, 3: accumulator + this tile, scaled into the output.
-    TMA: dz_ptr and w_ptr are tensor descriptors of [BM, BK] and [BK, BN] blocks (V % BK == 0: past V
-    a gapped dZ row holds other bytes, not the padding's zeros)."""
+    TMA: dz_ptr and w_ptr are tensor descriptors of [BM, BK] and [BK, BN] blocks."""
     for tile in tl.range(tl.program_id(0), _n_tiles(T, H, BM, BN), tl.num_programs(0), flatten=FLAT):
         pid_m, pid_n = _tile_ids(tile, T, H, BM, BN, GROUP)
         rm = pid_m * BM + tl.arange(0, BM)
@@ -414,12 +411,9 @@ def _dh_kernel(dz_ptr, w_ptr, acc_ptr, out_ptr, g_ptr, den_ptr, T, H, V, s_dzt, 
             acc = tl.zeros((BM, BN), dtype=tl.float32)
         if TMA:
             for k0 in range(0, V, BK):
-                ka = k0
-                if GAP > 0:
-                    ka = k0 + (k0 // GAP) * GAP
-                acc = tl.dot(dz_ptr.load([pid_m * BM, ka]), w_ptr.load([k0, pid_n * BN]), acc)
+                acc = tl.dot(dz_ptr.load([pid_m * BM, k0]), w_ptr.load([k0, pid_n * BN]), acc)
         else:
-            acc = _mm(dz_ptr, w_ptr, rm, rn, T, H, V, s_dzt, 1, s_wv, s_wk, acc, BK, GAP, EVEN_K, PREC)
+            acc = _mm(dz_ptr, w_ptr, rm, rn, T, H, V, s_dzt, 1, s_wv, s_wk, acc, BK, EVEN_K, PREC)
         if MODE >= 2:
             acc = acc * _scale(g_ptr, den_ptr, APPLY_G)
             tl.store(out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :],

@@ -2,8 +2,9 @@
 
 Two modes (specs/xent.md, "two honest designs"):
 
-* ``fast``: token chunks. Per chunk, float32 logits with online-LSE partials, dZ once (in place over
-  the logits, in the GEMM dtype), dweight += dZ^T @ h into a float32 [V, H] buffer and
+* ``fast``: token chunks. Per chunk, logits with online-LSE partials (float32, or for 16-bit inputs
+  float16 offsets from each tile's max: kernels module doc), dZ once (in place over the logits, in
+  the GEMM dtype), dweight += dZ^T @ h into a float32 [V, H] buffer and
   dhidden = dZ @ W: 6*N*H*V FLOPs. With reduction mean/sum and no LSE output the gradients are
   formed in the forward with the upstream gradient g folded out and scaled by g / D in the backward;
   otherwise (per-token or LSE upstream gradients) the backward runs the chunks: 8*N*H*V.
@@ -14,6 +15,7 @@ Two modes (specs/xent.md, "two honest designs"):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -47,7 +49,7 @@ class Gemm:
 class Config:
     chunk: int  # tokens per chunk (fast mode, and the forward LSE pass of both modes)
     slab: int  # vocabulary entries per slab (lean backward)
-    vblock: int  # vocabulary tile of the dZ pass; 16-bit dZ gaps are this wide
+    vblock: int  # vocabulary tile of the dZ pass
     rows: int  # token rows per program of the dZ pass
     logits: Gemm  # logits + LSE partials (both modes' forward, fast backward)
     dw: Gemm  # fast: dweight += dZ^T h over a chunk
@@ -56,6 +58,9 @@ class Config:
     ldw: Gemm  # lean: dweight slab = dZ^T h over all tokens
     ldh: Gemm  # lean: dhidden += dZ W_slab
     dw_small: Gemm | None = None  # fast dweight of a chunk shorter than one K step (see GPU)
+    # fast mode, 16-bit inputs: the chunk's logits as float16 offsets from their tile's max (kernels
+    # module doc), dZ in place over them; else float32 logits (and for fp16 inputs dZ beside them)
+    z16: bool = False
 
 
 # Interpreter blocks are small so that the CPU sizes of the tests and presets span several of each.
@@ -68,9 +73,13 @@ INTERPRETER = Config(chunk=16, slab=256, vblock=128, rows=16, logits=Gemm(16, 12
 # Per-kernel do_bench at one 2048-token chunk (H200, triton 3.6): logits 128x256x64 w8 s3 3.96 ms
 # (s4 4.10, 256x128 4.17, 128x128 4.61); dweight (running-sum mode) 128x256x64 G8 w8 s4 4.40 ms
 # (256x128x64 G1 w8 s3 4.55); dhidden 128x256x64 G8 w8 s3 3.15 ms (128x128 3.91, 256x128 3.65).
-GPU = Config(chunk=2048, slab=8192, vblock=256, rows=16, logits=Gemm(128, 128, 64, 16, 8, 4, ksplit=4),
+# chunk: 4096 tokens of float16 logit offsets take the memory that 2048 of float32 logits took, and
+# halve the float32 dweight read-modify-write passes (dweight was 18.6 ms of 49.5 in fast mode's
+# fwd+bwd, N=8192, H=4096, V=128256 on an H100, at 2048 tokens of float32 logits).
+GPU = Config(chunk=4096, slab=8192, vblock=256, rows=16, logits=Gemm(128, 128, 64, 16, 8, 4, ksplit=4),
              dw=Gemm(128, 256, 64, 8, 8, 4), dh=Gemm(128, 256, 64, 8), dzg=Gemm(128, 256, 64, 8),
-             ldw=Gemm(128, 256, 64, 1), ldh=Gemm(128, 256, 64, 8), dw_small=Gemm(256, 128, 64, 1, 8, 3))
+             ldw=Gemm(128, 256, 64, 1), ldh=Gemm(128, 256, 64, 8), dw_small=Gemm(256, 128, 64, 1, 8, 3),
+             z16=True)
 # dw_small: a chunk of one token makes Triton specialize T = 1, and that build of the 128x256 s4
 # dweight kernel wants 320 KB of shared memory (sm_90 allows 227 KB; seen as OutOfResources at
 # N=1 on an H200); the 256x128 s3 tile needs 208 KB there. Used for chunks shorter than dw.BK.
@@ -83,7 +92,9 @@ GPU = Config(chunk=2048, slab=8192, vblock=256, rows=16, logits=Gemm(128, 128, 6
 # ms): fast 49.4 -> 53.2 ms, lean 59.8 -> 64.1 ms; the logits would be fast and wrong otherwise.
 # At one 2048-token chunk (H200, .scratch run, bitwise-equal logits): this tile 4.85 ms (444 TFLOP/s); the
 # same 256-wide chains as 128x128x128 KS=2: 3 stages 4.92, 2 stages 5.91; 5 stages 5.02; GROUP 8 4.94.
-GPU_F16 = GPU
+# fp16 inputs keep float32 logits: with fp16 dZ (2^-11) the offsets' error (up to (m - z) * 2^-11) is as
+# large as dZ's own rounding; on the CPU sweep it raised the worst fp16 dweight ratio from 0.39 to 0.58
+GPU_F16 = dataclasses.replace(GPU, chunk=2048, z16=False)
 # float32 operands: ieee dots run on the FMA units, where small tiles do as well and fit the registers
 _F32 = Gemm(64, 64, 32, 8, 4, 3)
 GPU_FP32 = Config(chunk=2048, slab=8192, vblock=256, rows=16, logits=_F32, dw=_F32, dh=_F32, dzg=_F32,
@@ -171,11 +182,11 @@ def _tma_ok(*ts: Tensor) -> bool:
                     and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0 for t in ts))
 
 
-def _tma_args(*pairs: tuple[Tensor, list[int]], also: bool = True) -> tuple[list[Any], bool]:
-    """GEMM operands as TMA tensor descriptors of these blocks where the copy engine can read them all
-    (and ``also`` holds), else as they are (the kernels' pointer loads); and which it is."""
+def _tma_args(*pairs: tuple[Tensor, list[int]]) -> tuple[list[Any], bool]:
+    """GEMM operands as TMA tensor descriptors of these blocks where the copy engine can read them all,
+    else as they are (the kernels' pointer loads); and which it is."""
     ts = [t for t, _ in pairs]
-    if not (also and _tma_ok(*ts)):
+    if not _tma_ok(*ts):
         return ts, False
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -206,7 +217,7 @@ def _row_stats(st, y, lse, lt, V: int, o: _Opts) -> None:
             pm.stride(0), y.stride(0), o.ignore_index, o.eps, o.lam, 1.0 / V, BR=16, BT=64, num_warps=4)
 
 
-def _dw(dz, gap: int, h, acc, out, gr: _Grad | None, mode: int, g: Gemm) -> None:
+def _dw(dz, h, acc, out, gr: _Grad | None, mode: int, g: Gemm) -> None:
     """dweight rows of dZ's vocabulary range: into ``acc`` (float32, mode 0/1) or ``out`` (mode 2)."""
     (T, H), V = h.shape, _or(acc, out).shape[0]
     dummy = _or(acc, out)
@@ -214,18 +225,18 @@ def _dw(dz, gap: int, h, acc, out, gr: _Grad | None, mode: int, g: Gemm) -> None
     (da, ha), tma = _tma_args((dz[:T], [g.BK, g.BM]), (h, [g.BK, g.BN]))
     _launch(K._dw_kernel, _grid(V, H, g, h.device), g, da, ha, dummy, _or(out, dummy), g_ptr, den_ptr, V, H, T,
             dz.stride(0), h.stride(0), h.stride(1), _s0(acc), _s0(out), MODE=mode,
-            APPLY_G=gr is not None and gr.fold, GAP=gap, EVEN_K=T % g.BK == 0, PREC=PREC, TMA=tma)
+            APPLY_G=gr is not None and gr.fold, EVEN_K=T % g.BK == 0, PREC=PREC, TMA=tma)
 
 
-def _dh(dz, gap: int, W, acc, out, gr: _Grad | None, mode: int, g: Gemm) -> None:
+def _dh(dz, W, acc, out, gr: _Grad | None, mode: int, g: Gemm) -> None:
     """dhidden = dZ @ W over W's rows: modes of kernels._dh_kernel."""
     T, (V, H) = _or(acc, out).shape[0], W.shape
     dummy = _or(acc, out)
     g_ptr, den_ptr = gr.scale_args() if gr is not None else (dummy, dummy)
-    (da, wa), tma = _tma_args((dz[:T], [g.BM, g.BK]), (W, [g.BK, g.BN]), also=V % g.BK == 0)
+    (da, wa), tma = _tma_args((dz[:T], [g.BM, g.BK]), (W, [g.BK, g.BN]))
     _launch(K._dh_kernel, _grid(T, H, g, W.device), g, da, wa, dummy, _or(out, dummy), g_ptr, den_ptr, T, H, V,
             dz.stride(0), W.stride(0), W.stride(1), _s0(acc), _s0(out), MODE=mode,
-            APPLY_G=gr is not None and gr.fold, GAP=gap, EVEN_K=V % g.BK == 0, PREC=PREC, TMA=tma)
+            APPLY_G=gr is not None and gr.fold, EVEN_K=V % g.BK == 0, PREC=PREC, TMA=tma)
 
 
 def _colsum(part, rows: int, acc, accumulate: bool) -> None:
@@ -254,9 +265,12 @@ def _chunks(h, W, b, y, o: _Opts, cfg: Config, lse, lt, gr: _Grad | None = None,
         [torch.empty((C,), dtype=F32, device=h.device)]
     z = dz = dbp = dw = db = None
     if gr is not None:
-        z = torch.empty((C, V), dtype=F32, device=h.device)
-        dz = z.view(h.dtype)
-        gap = cfg.vblock if dz.element_size() < 4 else 0
+        # rows padded to 64 entries: 16-bit dZ rows stay 16-byte aligned for the copy engine whatever V is
+        Vp = triton.cdiv(V, 64) * 64
+        z16 = cfg.z16 and h.dtype != F32
+        z = torch.empty((C, Vp), dtype=torch.float16 if z16 else F32, device=h.device)[:, :V]
+        same = z.element_size() == h.element_size()
+        dz = z.view(h.dtype) if same else torch.empty((C, Vp), dtype=h.dtype, device=h.device)[:, :V]
         dw = torch.empty(W.shape, dtype=torch.float32, device=h.device)  # dweight: float32 across chunks
         if b is not None:
             dbp = torch.empty((triton.cdiv(C, cfg.rows), V), dtype=F32, device=h.device)
@@ -269,13 +283,13 @@ def _chunks(h, W, b, y, o: _Opts, cfg: Config, lse, lt, gr: _Grad | None = None,
         if gr is None:
             continue
         ptrs, strides, flags = gr.dz_args(t0)
-        _launch(K._dz_chunk_kernel, (triton.cdiv(c, cfg.rows), triton.cdiv(V, cfg.vblock)), None, z, dz, yc,
-                lse[t0:], *ptrs, _or(dbp, z), c, V, z.stride(0), dz.stride(0), yc.stride(0), *strides,
-                _s0(dbp), *o.row_args(V), SOFTCAP=o.cap is not None, HAS_BIAS=b is not None,
-                GAPPED=gap > 0, BR=cfg.rows, BV=cfg.vblock, num_warps=4, **flags)
+        _launch(K._dz_chunk_kernel, (triton.cdiv(c, cfg.rows), triton.cdiv(V, cfg.vblock)), None, z, st[0], dz,
+                yc, lse[t0:], *ptrs, _or(dbp, st[0]), c, V, z.stride(0), st[0].stride(0), dz.stride(0),
+                yc.stride(0), *strides, _s0(dbp), *o.row_args(V), SOFTCAP=o.cap is not None,
+                HAS_BIAS=b is not None, ZBN=cfg.logits.BN, BR=cfg.rows, BV=cfg.vblock, num_warps=4, **flags)
         gdw = cfg.dw_small if cfg.dw_small is not None and c < cfg.dw.BK else cfg.dw
-        _dw(dz, gap, hc, dw, None, None, 0 if t0 == 0 else 1, gdw)
-        _dh(dz, gap, W, dh[t0:t0 + c] if dh_mode == 0 else None, dh[t0:t0 + c] if dh_mode == 2 else None,
+        _dw(dz, hc, dw, None, None, 0 if t0 == 0 else 1, gdw)
+        _dh(dz, W, dh[t0:t0 + c] if dh_mode == 0 else None, dh[t0:t0 + c] if dh_mode == 2 else None,
             gr, dh_mode, cfg.dh)
         if b is not None:
             _colsum(dbp, triton.cdiv(c, cfg.rows), db, accumulate=t0 > 0)
@@ -302,9 +316,9 @@ def _lean_backward(h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Config):
                 _or(dbs, dz), T, s, H, v0, h.stride(0), h.stride(1), Ws.stride(0), Ws.stride(1), _s0(bs), y.stride(0),
                 *strides, dz.stride(0), _s0(dbs), *o.row_args(V), HAS_BIAS=b is not None,
                 SOFTCAP=o.cap is not None, EVEN_K=H % g.BK == 0, PREC=PREC, TMA=tma, **flags)
-        _dw(dz, 0, h, None, dw[v0:v0 + s], gr, 2, cfg.ldw)
+        _dw(dz, h, None, dw[v0:v0 + s], gr, 2, cfg.ldw)
         mode = 2 if n_slabs == 1 else 0 if i == 0 else 3 if i == n_slabs - 1 else 1
-        _dh(dz, 0, Ws, acc, dh if mode >= 2 else None, gr, mode, cfg.ldh)
+        _dh(dz, Ws, acc, dh if mode >= 2 else None, gr, mode, cfg.ldh)
     db = None
     if b is not None:
         db32 = torch.empty((V,), dtype=F32, device=h.device)
