@@ -28,18 +28,27 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+# do_bench sizes its repeat count by time (100 ms by default), which leaves a 45 ms call two samples: too
+# few for a median that decides a 1.1x target. Every measurement gets at least this many timed calls.
+MIN_CALLS = 20
+
+
 def timeit(fn: Callable[[], Any], reps: int = 0) -> float:
-    """Median milliseconds."""
+    """Median milliseconds of at least ``reps`` timed calls (default MIN_CALLS, or about 2 s of calls where
+    that is fewer, at least 5)."""
+    calls = reps or MIN_CALLS
     if torch.cuda.is_available():
         try:
             from triton.testing import do_bench
-
-            kw = {"return_mode": "median"}
-            if reps:
-                kw["rep"] = reps
-            return float(do_bench(fn, **kw))
         except ImportError:
-            pass
+            do_bench = None
+        if do_bench is not None:
+            # a first estimate (do_bench times 5 calls for it), then enough milliseconds for `calls` calls
+            est = float(do_bench(fn, warmup=1, rep=1, return_mode="median"))
+            if not reps:  # a slow baseline (eager attention: a second a call) gets 5 calls, not 20
+                calls = min(calls, max(5, int(2000 / max(est, 1e-3))))
+            return float(do_bench(fn, warmup=max(25.0, min(3 * est, 500.0)), rep=max(100.0, calls * est),
+                                  return_mode="median"))
     fn()
     _sync()
     ts = []

@@ -61,6 +61,7 @@ class Config:
     # fast mode, 16-bit inputs: the chunk's logits as float16 offsets from their tile's max (kernels
     # module doc), dZ in place over them; else float32 logits (and for fp16 inputs dZ beside them)
     z16: bool = False
+    dz_warps: int = 4  # warps of a dZ-pass program
 
 
 # Interpreter blocks are small so that the CPU sizes of the tests and presets span several of each.
@@ -286,7 +287,7 @@ def _chunks(h, W, b, y, o: _Opts, cfg: Config, lse, lt, gr: _Grad | None = None,
         _launch(K._dz_chunk_kernel, (triton.cdiv(c, cfg.rows), triton.cdiv(V, cfg.vblock)), None, z, st[0], dz,
                 yc, lse[t0:], *ptrs, _or(dbp, st[0]), c, V, z.stride(0), st[0].stride(0), dz.stride(0),
                 yc.stride(0), *strides, _s0(dbp), *o.row_args(V), SOFTCAP=o.cap is not None,
-                HAS_BIAS=b is not None, ZBN=cfg.logits.BN, BR=cfg.rows, BV=cfg.vblock, num_warps=4, **flags)
+                HAS_BIAS=b is not None, ZBN=cfg.logits.BN, BR=cfg.rows, BV=cfg.vblock, num_warps=cfg.dz_warps, **flags)
         gdw = cfg.dw_small if cfg.dw_small is not None and c < cfg.dw.BK else cfg.dw
         _dw(dz, hc, dw, None, None, 0 if t0 == 0 else 1, gdw)
         _dh(dz, W, dh[t0:t0 + c] if dh_mode == 0 else None, dh[t0:t0 + c] if dh_mode == 2 else None,
