@@ -22,7 +22,7 @@ from cases.softmax_xent import (
     split_tokens,
     token_weights,
 )
-from harness import Axis, Case, Component, Inputs, MicrobatchSpec, OperatorSpec, register_operator
+from harness import Axis, Case, Component, Inputs, MicrobatchSpec, OperatorSpec, PerfTarget, register_operator
 from harness.inputs import place, randn
 from references.fused_linear_xent import fused_linear_xent
 
@@ -248,6 +248,11 @@ SPEC = register_operator(OperatorSpec(
     strategy=strategy,
     cost_model=cost_model,
     bench_cases=bench_cases,
+    # issue 5: bf16, N=8192, H=4096, V=128256, against torch eager (logits materialized)
+    perf_targets=(PerfTarget("triton", "fwd_bwd_ms", 1.1, versus="torch", label="fast: fwd+bwd / torch"),
+                  PerfTarget("triton", "peak_extra_gb", 3.5, label="fast: peak extra GB"),
+                  PerfTarget("triton-lean", "fwd_bwd_ms", 1.5, versus="torch", label="lean: fwd+bwd / torch"),
+                  PerfTarget("triton-lean", "peak_extra_gb", 1.5, label="lean: peak extra GB")),
     doc="linear unembedding + cross-entropy without [N, V] logits: loss, lse, dhidden, dweight, dbias "
         "(specs/xent.md)",
 ))

@@ -14,7 +14,7 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from harness import Axis, Case, Component, Inputs, OperatorSpec, register_operator
+from harness import Axis, Case, Component, Inputs, OperatorSpec, PerfTarget, register_operator
 from harness.inputs import place, randn, uniform
 from references.lazy_attention import lazy_attention, lazy_attention_parts
 
@@ -269,6 +269,8 @@ SPEC = register_operator(OperatorSpec(
     strategy=strategy,
     cost_model=cost_model,
     bench_cases=bench_cases,
+    # issue 4: bf16, B=4, H=16, L=4096, Dh=128, W=512, against SDPA (causal flash) on the same shapes
+    perf_targets=(PerfTarget("triton", "fwd_bwd_ms", 2.5, versus="sdpa", label="fwd+bwd / SDPA"),),
     doc="causal attention with Elastic-Softmax: relu(softmax(qk^T*scale + bias) + tau/(i+1)) v, "
         "per-head relative bias [H,W] and offset tau [H] (specs/lazy_attention.md)",
 ))

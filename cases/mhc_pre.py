@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from harness import Axis, Case, Component, Inputs, OperatorSpec, register_operator
+from harness import Axis, Case, Component, Inputs, OperatorSpec, PerfTarget, register_operator
 from harness.inputs import place, randn, uniform
 from references.mhc_pre import mhc_pre
 
@@ -166,6 +166,10 @@ SPEC = register_operator(OperatorSpec(
     strategy=strategy,
     cost_model=cost_model,
     bench_cases=bench_cases,
+    # issue 3: bf16 at T=16384, n=4, D=4096 and 7168
+    perf_targets=(PerfTarget("triton", "fwd_bw_frac", 0.60, "min", label="fwd, fraction of copy bandwidth"),
+                  PerfTarget("triton", "bwd_bw_frac", 0.50, "min", label="bwd, fraction of copy bandwidth"),
+                  PerfTarget("triton", "speedup_fwd_bwd", 10.0, "min", label="fwd+bwd speedup over golden")),
     baseline="golden",
     doc="mHC pre-mix: h_in, h_post, h_res from n residual streams (specs/mhc_pre.md)",
 ))

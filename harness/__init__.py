@@ -6,7 +6,7 @@ Public API for adapters and operator authors::
 """
 
 from .registry import Backend, register_backend, register_mutant, register_operator
-from .spec import Axis, Case, Component, Expectation, Inputs, MicrobatchSpec, Mutant, OperatorSpec
+from .spec import Axis, Case, Component, Expectation, Inputs, MicrobatchSpec, Mutant, OperatorSpec, PerfTarget
 
-__all__ = ["Axis", "Backend", "Case", "Component", "Inputs", "MicrobatchSpec", "OperatorSpec",
+__all__ = ["Axis", "Backend", "Case", "Component", "Inputs", "MicrobatchSpec", "OperatorSpec", "PerfTarget",
            "register_backend", "register_mutant", "register_operator", "Expectation", "Mutant"]

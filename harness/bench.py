@@ -20,7 +20,7 @@ from . import registry
 from .oracle import as_dict, gen_grad_outputs, gen_inputs, output_contract
 from .provenance import backend_provenance, device_class, run_provenance
 from .report import atomic_write
-from .spec import Case, OperatorSpec, dtype_name, dtype_of, short_dtype
+from .spec import Case, OperatorSpec, PerfTarget, dtype_name, dtype_of, short_dtype
 
 
 def _sync() -> None:
@@ -232,6 +232,7 @@ def run_bench(
     dtypes: list[str] | None,
     reps: int = 0,
     profile: bool = False,
+    strict: bool = False,
 ) -> int:
     ops = registry.resolve_kernels(kernels)
     cpu_interpret(device)
@@ -280,7 +281,14 @@ def run_bench(
                     if device.startswith("cuda"):
                         torch.cuda.empty_cache()
                 _ratios(rows, op.baseline, case.name, dtype_name(dt))
-        _write(op, rows, prov, bw, tf, device, report_dir, chosen)
+        checks = _write(op, rows, prov, bw, tf, device, report_dir, chosen)
+        if checks:
+            missed = [c for c in checks if c["met"] is False]
+            print(f"{op.name} targets: {sum(c['met'] is True for c in checks)} met, {len(missed)} missed"
+                  + "".join(f"\n  missed: {c['backend']} {c['case']}: {c['target']} (measured {c['measured']:.3g})"
+                            for c in missed))
+            if strict and missed:
+                status = 1
     return status
 
 
@@ -314,26 +322,61 @@ def _ratios(rows: list[dict], baseline: str, case: str, dtype: str) -> None:
                 r[f"speedup_{k[:-3]}"] = base[k] / r[k]
 
 
-def _write(
-    op: OperatorSpec, rows: list[dict], prov: dict, bw: float, tf: float, device: str, report_dir: str, chosen: list
-) -> None:
+def check_targets(targets: tuple[PerfTarget, ...], rows: list[dict], gpu: bool) -> list[dict]:
+    """Each target on each bench case it names: the measured value and whether it is met (None where the
+    run has no figure for it). Targets describe the GPU bench shapes; a CPU run checks none."""
+    out = []
+    if not gpu:
+        return out
+    timed = [r for r in rows if "fwd_ms" in r]
+    for t in targets:
+        cases = [t.case] if t.case else list(dict.fromkeys(r["case"] for r in rows))
+        for case in cases:
+            mine = next((r for r in timed if (r["backend"], r["case"], r["dtype"]) == (t.backend, case, t.dtype)), None)
+            theirs = (next((r for r in timed if (r["backend"], r["case"], r["dtype"]) == (t.versus, case, t.dtype)),
+                           None) if t.versus else None)
+            value = mine.get(t.metric) if mine else None
+            if t.versus:
+                other = theirs.get(t.metric) if theirs else None
+                value = value / other if value is not None and other else None
+            out.append({"backend": t.backend, "case": case, "dtype": t.dtype, "target": t.describe(),
+                        "measured": value, "met": None if value is None else t.judge(value)})
+    return out
+
+
+def target_lines(checks: list[dict]) -> list[str]:
+    """The markdown table of check_targets' results (empty without targets)."""
+    if not checks:
+        return []
+    lines = ["| backend | case | dtype | target | measured | |", "|---|---|---|---|---|---|"]
+    for c in checks:
+        mark = "no figure" if c["met"] is None else ("✅ met" if c["met"] else "❌ missed")
+        value = "" if c["measured"] is None else format(c["measured"], ".3g")
+        lines.append(f"| {c['backend']} | {c['case']} | {short_dtype(c['dtype'])} | {c['target']} | {value} | {mark} |")
+    return lines
+
+
+def render_bench(payload: dict, baseline: str) -> str:
+    """The markdown of a bench report from its JSON payload (so `harness report` can redraw it)."""
+    prov, bw, tf, rows = payload["provenance"], payload["copy_gbps"], payload["gemm_tflops"], payload["rows"]
+
     def f(x: Any, spec: str = ".3g") -> str:
         return "" if x is None else (format(x, spec) if isinstance(x, (int, float)) else str(x))
 
     lines = [
-        f"# Benchmark: `{op.name}`",
+        f"# Benchmark: `{payload['operator']}`",
         "",
         f"{prov['device']}, commit `{prov['commit']}`, {prov['date']}; "
         + ", ".join(f"{k} {v}" for k, v in prov["versions"].items())
         + ".",
         "",
         f"Measured in the same run: copy bandwidth **{bw:.0f} GB/s** (bytes read + written), bf16 GEMM "
-        f"**{tf:.0f} TFLOP/s**. Times are medians (ms). `× {op.baseline}` is the speedup over the baseline "
+        f"**{tf:.0f} TFLOP/s**. Times are medians (ms). `× {baseline}` is the speedup over the baseline "
         "backend on the same shape (higher is faster). Bandwidth fractions use the operator's floor bytes "
         "(each input read once, each output written once).",
         "",
         "| case | dtype | backend | fwd ms | bwd ms | fwd+bwd ms | fwd BW | bwd BW | TFLOP/s | peak extra GB | "
-        f"× {op.baseline} (fwd+bwd) |",
+        f"× {baseline} (fwd+bwd) |",
         "|---" * 11 + "|",
     ]
     for r in rows:
@@ -350,6 +393,10 @@ def _write(
             f"{f(r.get('fwd_bw_frac'), '.0%')} | {f(r.get('bwd_bw_frac'), '.0%')} | {f(r.get('tflops'), '.0f')} | "
             f"{f(r.get('peak_extra_gb'), '.2f')} | {f(r.get('speedup_fwd_bwd'), '.2f')} |"
         )
+    if payload.get("targets"):
+        lines += ["", "## Targets", "", "The operator's declared targets on these shapes, judged on this run's "
+                  "figures.", ""]
+        lines += target_lines(payload["targets"])
     prof = [r for r in rows if r.get("kernels")]
     if prof:
         lines += ["", "## Where the time goes", "",
@@ -361,17 +408,41 @@ def _write(
                 name = k["kernel"] if len(k["kernel"]) <= 80 else k["kernel"][:77] + "..."
                 lines.append(f"| `{name.replace('|', '/')}` | {k['calls']:.3g} | {k['ms']:.3g} | {k['share']:.0%} |")
             lines.append("")
-    text = "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def redraw(path: Path) -> Path | None:
+    """Redraw a bench report's markdown from its JSON, its targets judged anew from the operator's current
+    declaration (the measurements as recorded); None where the operator is unknown here."""
+    payload = json.loads(path.read_text())
+    try:
+        op = registry.get_operator(payload["operator"])
+    except Exception:
+        return None
+    gpu = payload["provenance"].get("device_class", "cpu") != "cpu"
+    payload["targets"] = check_targets(op.perf_targets, payload["rows"], gpu)
+    atomic_write(path, json.dumps(payload, indent=1, default=str) + "\n")
+    out = path.with_suffix(".md")
+    atomic_write(out, render_bench(payload, op.baseline))
+    return out
+
+
+def _write(
+    op: OperatorSpec, rows: list[dict], prov: dict, bw: float, tf: float, device: str, report_dir: str, chosen: list
+) -> list[dict]:
     payload = {
         "operator": op.name,
         "provenance": prov,
         "copy_gbps": bw,
         "gemm_tflops": tf,
         "rows": rows,
+        "targets": check_targets(op.perf_targets, rows, device.startswith("cuda")),
         "backends": {b.name: backend_provenance(b.source_files()) for b in chosen},
     }
+    text = render_bench(payload, op.baseline)
     root = Path(report_dir)
     dst = root if device.startswith("cuda") else root / device_class(device)
     atomic_write(dst / f"bench-{op.name}.md", text)
     atomic_write(dst / f"bench-{op.name}.json", json.dumps(payload, indent=1, default=str) + "\n")
     print(text)
+    return payload["targets"]

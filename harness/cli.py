@@ -290,6 +290,12 @@ def cmd_report(a: argparse.Namespace) -> int:
         for j in sorted(d.glob("*.jsonl")):
             report.compact(d, j.stem)  # only what the report shows: the history lives in git
             out += report.render(d, j.stem)
+    from .bench import redraw
+
+    # bench reports: redrawn from their JSON, the targets judged by the operators' current declarations
+    for j in sorted(root.glob("bench-*.json")) + sorted(root.glob("*/bench-*.json")) if root.exists() else []:
+        md = redraw(j)
+        out += [md] if md else []
     status = write_status(root)
     print("rendered: " + ", ".join(str(p) for p in out + [status] if p.suffix == ".md"))
     return 0
@@ -320,6 +326,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         as_list(a.dtype) or None,
         a.reps,
         profile=a.profile,
+        strict=a.strict,
     )
 
 
@@ -386,6 +393,8 @@ def parser() -> argparse.ArgumentParser:
                    help="least timed calls per measurement (default 20 on a GPU, 5 elsewhere)")
     b.add_argument("--profile", action="store_true",
                    help="add a per-kernel breakdown of forward+backward (torch.profiler) to the report")
+    b.add_argument("--strict", action="store_true",
+                   help="exit with status 1 when a declared speed or memory target is missed")
     b.set_defaults(fn=cmd_bench)
 
     rr = sub.add_parser("repro", help="replay a saved failure bundle")

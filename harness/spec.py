@@ -79,6 +79,33 @@ class Inputs:
 
 
 @dataclass(frozen=True)
+class PerfTarget:
+    """A speed or memory target of one backend on the operator's GPU bench cases, which `harness bench`
+    checks and the bench report and reports/STATUS.md show as met or missed.
+
+    The measured value is the bench row's ``metric`` ("fwd_bwd_ms", "peak_extra_gb", "fwd_bw_frac",
+    "speedup_fwd_bwd", ...) or, with ``versus``, its ratio to that backend's same metric on the same case
+    and dtype in the same run. ``kind`` "max": met when measured <= bound; "min": measured >= bound.
+    """
+
+    backend: str
+    metric: str
+    bound: float
+    kind: str = "max"
+    versus: str | None = None
+    case: str | None = None  # one bench case by name; default every bench case
+    dtype: str = "bfloat16"
+    label: str = ""  # how the report names the target, e.g. "fwd+bwd / torch"
+
+    def describe(self) -> str:
+        name = self.label or (f"{self.metric} / {self.versus}" if self.versus else self.metric)
+        return f"{name} {'<=' if self.kind == 'max' else '>='} {self.bound:g}"
+
+    def judge(self, value: float) -> bool:
+        return value <= self.bound if self.kind == "max" else value >= self.bound
+
+
+@dataclass(frozen=True)
 class MicrobatchSpec:
     """How a batch splits, for the microbatch-consistency property.
 
@@ -131,6 +158,8 @@ class OperatorSpec:
     # FLOPs / bytes models for `harness bench`: fn(params, dtype) -> dict
     cost_model: Callable[[dict, torch.dtype], dict] | None = None
     bench_cases: Callable[[str], list[Case]] | None = None
+    # speed / memory targets checked on the GPU bench cases (bench reports, STATUS.md)
+    perf_targets: tuple[PerfTarget, ...] = ()
     baseline: str = "torch"
     doc: str = ""
 

@@ -1,0 +1,86 @@
+"""Declared speed / memory targets: judged on bench rows, drawn in the bench report and STATUS.md."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness import PerfTarget
+from harness.bench import check_targets, render_bench
+from harness.status import write_status
+
+ROWS = [
+    {"backend": "torch", "role": "kernel", "case": "big", "dtype": "bfloat16", "fwd_ms": 10.0, "fwd_bwd_ms": 40.0,
+     "peak_extra_gb": 6.0},
+    {"backend": "fast", "role": "kernel", "case": "big", "dtype": "bfloat16", "fwd_ms": 30.0, "fwd_bwd_ms": 45.0,
+     "peak_extra_gb": 3.4, "fwd_bw_frac": 0.55},
+    {"backend": "broken", "case": "big", "dtype": "bfloat16", "error": "RuntimeError: boom"},
+]
+TARGETS = (
+    PerfTarget("fast", "fwd_bwd_ms", 1.1, versus="torch", label="fwd+bwd / torch"),  # 45 / 40 = 1.125: missed
+    PerfTarget("fast", "peak_extra_gb", 3.5),  # 3.4: met
+    PerfTarget("fast", "fwd_bw_frac", 0.5, "min"),  # 0.55: met
+    PerfTarget("broken", "fwd_bwd_ms", 2.0, versus="torch"),  # no figure
+)
+
+
+def test_targets_are_judged_on_the_rows_of_the_same_case_and_dtype():
+    checks = check_targets(TARGETS, ROWS, gpu=True)
+    assert [c["met"] for c in checks] == [False, True, True, None]
+    assert abs(checks[0]["measured"] - 1.125) < 1e-12
+    assert checks[0]["target"] == "fwd+bwd / torch <= 1.1"
+    assert checks[2]["target"] == "fwd_bw_frac >= 0.5"
+    # a target names the GPU bench shapes: a CPU run's smoke shapes are not judged against it
+    assert check_targets(TARGETS, ROWS, gpu=False) == []
+    # a target for one case leaves the others alone
+    other = ROWS + [dict(ROWS[1], case="small")]
+    one = check_targets((PerfTarget("fast", "peak_extra_gb", 3.5, case="small"),), other, gpu=True)
+    assert [c["case"] for c in one] == ["small"]
+
+
+def _payload(targets: list[dict]) -> dict:
+    prov = {"device": "NVIDIA H100", "device_class": "h100", "commit": "abc1234", "date": "2026-11-26",
+            "versions": {"torch": "2.11"}}
+    return {"operator": "toy_op", "provenance": prov, "copy_gbps": 3000.0, "gemm_tflops": 700.0, "rows": ROWS,
+            "targets": targets}
+
+
+def test_the_bench_report_shows_each_target_met_or_missed():
+    text = render_bench(_payload(check_targets(TARGETS, ROWS, gpu=True)), "torch")
+    assert "## Targets" in text
+    assert "| fast | big | bf16 | fwd+bwd / torch <= 1.1 | 1.12 | ❌ missed |" in text
+    assert "| fast | big | bf16 | peak_extra_gb <= 3.5 | 3.4 | ✅ met |" in text
+    assert "| broken | big | bf16 | fwd_bwd_ms / torch <= 2 |  | no figure |" in text
+    assert "## Targets" not in render_bench(_payload([]), "torch")
+
+
+def test_status_lists_the_targets_of_the_committed_bench_reports(tmp_path: Path):
+    (tmp_path / "bench-toy_op.json").write_text(json.dumps(_payload(check_targets(TARGETS, ROWS, gpu=True))))
+    text = write_status(tmp_path).read_text()
+    assert "## Performance targets" in text
+    assert "| toy_op | fast | big | fwd+bwd / torch <= 1.1 | 1.12 | ❌ missed | [NVIDIA H100, `abc1234`]" \
+           "(bench-toy_op.md) |" in text
+
+
+def test_harness_report_redraws_a_bench_report_with_the_operator_targets(tmp_path: Path):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    payload = _payload([])
+    payload["operator"] = "softmax_xent"  # declares: cuda at least 3x torch on the loss.backward() case
+    case = "bench-N8192-V128256-backward"
+    payload["rows"] = [
+        {"backend": "torch", "role": "kernel", "case": case, "dtype": "bfloat16", "fwd_ms": 2.0, "fwd_bwd_ms": 6.0,
+         "speedup_fwd_bwd": 1.0},
+        {"backend": "cuda", "role": "kernel", "case": case, "dtype": "bfloat16", "fwd_ms": 1.0, "fwd_bwd_ms": 2.5,
+         "speedup_fwd_bwd": 2.4},
+    ]
+    (tmp_path / "bench-softmax_xent.json").write_text(json.dumps(payload))
+    r = subprocess.run([sys.executable, "-m", "harness", "report", "--report", str(tmp_path)], cwd=root,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    md = (tmp_path / "bench-softmax_xent.md").read_text()
+    assert f"| cuda | {case} | bf16 | fwd+bwd speedup over torch >= 3 | 2.4 | ❌ missed |" in md
+    assert json.loads((tmp_path / "bench-softmax_xent.json").read_text())["targets"][0]["met"] is False
+    assert "| softmax_xent | cuda |" in (tmp_path / "STATUS.md").read_text()
