@@ -417,7 +417,7 @@ def redraw(path: Path) -> Path | None:
     payload = json.loads(path.read_text())
     try:
         op = registry.get_operator(payload["operator"])
-    except Exception:
+    except KeyError:  # an operator of a plugin that this command did not load
         return None
     gpu = payload["provenance"].get("device_class", "cpu") != "cpu"
     payload["targets"] = check_targets(op.perf_targets, payload["rows"], gpu)

@@ -282,6 +282,7 @@ def cmd_list(a: argparse.Namespace) -> int:
 
 def cmd_report(a: argparse.Namespace) -> int:
     from . import report
+    from .bench import redraw
     from .status import write_status
 
     root = Path(a.report)
@@ -290,8 +291,6 @@ def cmd_report(a: argparse.Namespace) -> int:
         for j in sorted(d.glob("*.jsonl")):
             report.compact(d, j.stem)  # only what the report shows: the history lives in git
             out += report.render(d, j.stem)
-    from .bench import redraw
-
     # bench reports: redrawn from their JSON, the targets judged by the operators' current declarations
     for j in sorted(root.glob("bench-*.json")) + sorted(root.glob("*/bench-*.json")) if root.exists() else []:
         md = redraw(j)

@@ -6,6 +6,7 @@ never names an operator; it only walks these descriptions.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,6 +97,12 @@ class PerfTarget:
     case: str | None = None  # one bench case by name; default every bench case
     dtype: str = "bfloat16"
     label: str = ""  # how the report names the target, e.g. "fwd+bwd / torch"
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("max", "min"):
+            raise ValueError(f"PerfTarget kind must be 'max' or 'min', got {self.kind!r}")
+        if not math.isfinite(self.bound):
+            raise ValueError(f"PerfTarget bound must be a finite number, got {self.bound!r}")
 
     def describe(self) -> str:
         name = self.label or (f"{self.metric} / {self.versus}" if self.versus else self.metric)

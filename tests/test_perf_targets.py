@@ -84,3 +84,12 @@ def test_harness_report_redraws_a_bench_report_with_the_operator_targets(tmp_pat
     assert f"| cuda | {case} | bf16 | fwd+bwd speedup over torch >= 3 | 2.4 | ❌ missed |" in md
     assert json.loads((tmp_path / "bench-softmax_xent.json").read_text())["targets"][0]["met"] is False
     assert "| softmax_xent | cuda |" in (tmp_path / "STATUS.md").read_text()
+
+
+def test_a_target_with_a_bad_kind_or_bound_is_refused_by_name():
+    import pytest
+
+    with pytest.raises(ValueError, match="kind must be 'max' or 'min'"):
+        PerfTarget("fast", "fwd_bwd_ms", 1.1, "below")
+    with pytest.raises(ValueError, match="bound must be a finite number"):
+        PerfTarget("fast", "fwd_bwd_ms", float("nan"))
