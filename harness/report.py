@@ -137,11 +137,6 @@ def compact(dir_: Path, op: str) -> None:
     atomic_write(p, "\n".join(lines) + "\n")
 
 
-def recorded_durations(dir_: Path, operators: list[str]) -> dict[tuple[str, str], float]:
-    """Seconds per cell (duration_key) of each cell's latest result in this directory."""
-    return recorded(dir_, operators, ("duration_s",))["duration_s"]
-
-
 def recorded(dir_: Path, operators: list[str], fields: tuple[str, ...]) -> dict[str, dict[tuple[str, str], float]]:
     """Numeric fields (``duration_s``, ``peak_mem_mb``) per cell (duration_key) of each cell's latest
     result in this directory, read in one pass: {field: {key: value}}."""

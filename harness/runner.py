@@ -181,7 +181,7 @@ def run(
     peaks: dict[tuple[str, str], float] | None = None,
 ) -> list[dict]:
     """Run the plan; calls ``on_cell`` for each finished cell (SKIP cells included). ``durations``:
-    seconds per cell (report.recorded_durations) from earlier runs, to start the longest groups first.
+    seconds per cell (report.recorded) from earlier runs, to start the longest groups first.
     ``peaks``: MB of GPU memory per cell from earlier runs, so that workers sharing a GPU start together
     only groups that fit in it. ``stats``, if given, gets where the wall time went: ``ready_s`` (the
     last worker ready), ``cells_s`` (the last cell of the shared phase done), ``alone_cells`` and
@@ -424,8 +424,6 @@ def requeue_oom(t: Task, queue: list[list[Task]], alone: list[Task]) -> None:
         queue.append([t])
     else:
         alone.append(t)
-
-
 
 
 def per_worker_counts(results: list[dict]) -> dict[str, int]:

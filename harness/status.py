@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .bench import target_cells
 from .report import atomic_write, latest_run, load, summary
 
 
@@ -15,9 +16,7 @@ def _target_lines(root: Path) -> list[str]:
         payload = json.loads(j.read_text())
         prov = payload.get("provenance", {})
         for c in payload.get("targets", []):
-            mark = "no figure" if c["met"] is None else ("✅ met" if c["met"] else "❌ missed")
-            value = "" if c["measured"] is None else format(c["measured"], ".3g")
-            rows.append(f"| {payload['operator']} | {c['backend']} | {c['case']} | {c['target']} | {value} | {mark} | "
+            rows.append(f"| {payload['operator']} | {c['backend']} | {c['case']} | {target_cells(c)} | "
                         f"[{prov.get('device', '?')}, `{prov.get('commit', '?')}`]({j.stem}.md) |")
     if not rows:
         return []

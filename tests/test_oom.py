@@ -40,7 +40,7 @@ def test_workers_are_told_whether_they_share_a_gpu():
 
 def test_recorded_durations_start_the_longest_groups_first(tmp_path):
     from harness.cell import error_cell
-    from harness.report import ReportWriter, duration_key, recorded_durations
+    from harness.report import ReportWriter, duration_key, recorded
 
     p = runner.plan(["mhc_pre", "softmax_xent"], "smoke", ["golden", "torch"], ["float32"], "cpu")
     groups = runner.order_groups(p.tasks, {})
@@ -50,7 +50,7 @@ def test_recorded_durations_start_the_longest_groups_first(tmp_path):
     for t in p.tasks:
         cell = error_cell(t.operator, t.backend, t.case, t.dtype, "cpu", 0, "ERROR", "x")
         w.append({**cell, "duration_s": 99.0 if t is slow else 1.0})
-    durations = recorded_durations(tmp_path / "cpu", ["mhc_pre", "softmax_xent"])
+    durations = recorded(tmp_path / "cpu", ["mhc_pre", "softmax_xent"], ("duration_s",))["duration_s"]
     assert durations[duration_key(slow.operator, slow.backend, slow.dtype, slow.case.name)] == 99.0
     assert runner.order_groups(p.tasks, durations)[0][0] is slow  # the slowest group now goes first
 
