@@ -49,13 +49,14 @@ def aot_targets() -> list[dict]:
     for dtype, dh in combos:
         tag = f"{str(dtype).replace('torch.', '')}-dh{dh}"
         prec = "ieee" if dtype == torch.float32 else "tf32"
-        f, q, kv = (gpu_config(k, dh, dtype) for k in ("fwd", "dq", "dkdv"))
+        f, dl, q, kv = (gpu_config(k, dh, dtype) for k in ("fwd", "delta", "dq", "dkdv"))
         out.append(_target(f"fwd-{tag}", K._lazy_fwd_kernel, dtype,
                            {"DH": dh, "BLOCK_M": f["BLOCK_M"], "BLOCK_N": f["BLOCK_N"], "BLOCK_L": f["BLOCK_L"],
                             "PREC": prec}, f))
+        out.append(_target(f"delta-{tag}", K._lazy_bwd_delta_kernel, dtype,
+                           {"DH": dh, "BLOCK_M": dl["BLOCK_M"], "BLOCK_N": dl["BLOCK_N"], "PREC": prec}, dl))
         out.append(_target(f"dq-{tag}", K._lazy_bwd_dq_kernel, dtype,
-                           {"DH": dh, "BLOCK": q["BLOCK"], "BLOCK_D": q["BLOCK_D"], "BLOCK_F": q["BLOCK_F"],
-                            "PREC": prec}, q))
+                           {"DH": dh, "BLOCK": q["BLOCK"], "BLOCK_F": q["BLOCK_F"], "PREC": prec}, q))
         out.append(_target(f"dkdv-{tag}", K._lazy_bwd_dkdv_kernel, dtype,
                            {"DH": dh, "BLOCK_M": kv["BLOCK_M"], "BLOCK_N": kv["BLOCK_N"], "PREC": prec}, kv))
     out.append(_target("reduce", K._lazy_bwd_reduce_kernel, torch.float32, {"BLOCK_W": REDUCE_BLOCK}))

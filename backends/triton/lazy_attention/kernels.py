@@ -7,11 +7,11 @@ inside the bias table (gather bias by distance), and on the diagonal (gather + c
 
 Forward: one program per (query block, head, batch) runs the LSE pass, then the output pass.
 
-Backward: ``_lazy_bwd_dq_kernel`` (per query block: a Delta pass, Delta_i = sum_j p dp from float32 p
-and dp so that dbias and dtau keep float32 accuracy with 16-bit inputs, then dq and a partial row of
-dbias and dtau), ``_lazy_bwd_dkdv_kernel`` (dk, dv), ``_lazy_bwd_reduce_kernel`` (sums the partial
-rows: deterministic, one add per output element). Every tensor is addressed with its own strides,
-dO's head stride included.
+Backward: ``_lazy_bwd_delta_kernel`` (per query block, Delta_i = sum_j p dp from float32 p and dp so
+that dbias and dtau keep float32 accuracy with 16-bit inputs), ``_lazy_bwd_dq_kernel`` (dq and a partial
+row of dbias and dtau per query block), ``_lazy_bwd_dkdv_kernel`` (dk, dv), ``_lazy_bwd_reduce_kernel``
+(sums the partial rows: deterministic, one add per output element). Every tensor is addressed with its
+own strides, dO's head stride included.
 """
 
 import triton
@@ -193,17 +193,52 @@ def _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, o
 
 
 @triton.jit
+def _lazy_bwd_delta_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta,
+                           sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
+                           sdob, sdoh, sdol, sdod, sbh, sbw, stau, H, L, W, qk_scale,
+                           DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    # Delta_i = sum_j p dp over the key blocks of one query block, from float32 p and dp. A kernel of its
+    # own: without the dq kernel's [BLOCK, DH] accumulator its key and value loads can be pipelined.
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, DH)
+    rows = offs_m < L
+    q = _load_rows(Q + b * sqb + h * sqh, offs_m, sql, sqd, offs_d, L)
+    g = _load_rows(DO + b * sdob + h * sdoh, offs_m, sdol, sdod, offs_d, L)
+    bh = b * H + h
+    lse2 = tl.load(LSE + bh * L + offs_m, mask=rows, other=float("inf"))
+    c = tl.load(Tau + h * stau) / (offs_m + 1).to(tl.float32)
+    k_base = K + b * skb + h * skh
+    v_base = V + b * svb + h * svh
+    bias_row = Bias + h * sbh
+    hi = tl.minimum(m0 + BLOCK_M, L)
+    first_bias = tl.maximum(m0 - W + 1, 0)          # keys below: distance >= W for every row of the block
+    bias_d = (first_bias // BLOCK_N) * BLOCK_N
+    diag_d = (m0 // BLOCK_N) * BLOCK_N
+    delta = tl.zeros([BLOCK_M], tl.float32)
+    delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
+                         delta, 0, bias_d, L, W, qk_scale, BLOCK_N, False, False, PREC)
+    delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
+                         delta, bias_d, diag_d, L, W, qk_scale, BLOCK_N, True, False, PREC)
+    delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
+                         delta, diag_d, hi, L, W, qk_scale, BLOCK_N, True, True, PREC)
+    tl.store(Delta + bh * L + offs_m, delta, mask=rows)
+
+
+@triton.jit
 def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
                         sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
                         sdob, sdoh, sdol, sdod, sdqb, sdqh, sdql, sdqd,
                         sbh, sbw, stau, H, L, W, qk_scale, scale,
-                        DH: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_F: tl.constexpr,
-                        PREC: tl.constexpr):
-    # Two passes over the key blocks of one query block: Delta_i = sum_j p dp (stored for the dk/dv
-    # kernel; not g_i . o_i, rows of e need not sum to one), then dq and the dbias/dtau partial row.
+                        DH: tl.constexpr, BLOCK: tl.constexpr, BLOCK_F: tl.constexpr, PREC: tl.constexpr):
+    # One pass over the key blocks of one query block, after the Delta kernel (Delta_i = sum_j p dp; not
+    # g_i . o_i, rows of e need not sum to one): dq and the dbias/dtau partial row.
     # BLOCK: query rows, and the key block wherever the bias table or the diagonal is met (the dbias
-    # diagonal sums need square tiles); BLOCK_D: key block of the Delta pass; BLOCK_F: key block of the
-    # dq pass far from the diagonal (distance >= W: no dbias, no mask, any tile shape).
+    # diagonal sums need square tiles); BLOCK_F: key block far from the diagonal (distance >= W: no
+    # dbias, no mask, any tile shape).
     pid_m = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -226,20 +261,11 @@ def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
 
     hi = tl.minimum(m0 + BLOCK, L)
     first_bias = tl.maximum(m0 - W + 1, 0)          # keys below: distance >= W for every row of the block
-    bias_d = (first_bias // BLOCK_D) * BLOCK_D
-    diag_d = (m0 // BLOCK_D) * BLOCK_D
-    # the dq pass: far range in BLOCK_F blocks up to a multiple of both BLOCK_F and BLOCK (powers of two),
-    # then square BLOCK tiles from there to the diagonal
+    # far range in BLOCK_F blocks up to a multiple of both BLOCK_F and BLOCK (powers of two), then
+    # square BLOCK tiles from there to the diagonal
     bias_lo = (((first_bias // BLOCK_F) * BLOCK_F) // BLOCK) * BLOCK
     diag_lo = m0
-    delta = tl.zeros([BLOCK], tl.float32)
-    delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
-                         delta, 0, bias_d, L, W, qk_scale, BLOCK_D, False, False, PREC)
-    delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
-                         delta, bias_d, diag_d, L, W, qk_scale, BLOCK_D, True, False, PREC)
-    delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
-                         delta, diag_d, hi, L, W, qk_scale, BLOCK_D, True, True, PREC)
-    tl.store(Delta + bh * L + offs_m, delta, mask=rows)
+    delta = tl.load(Delta + bh * L + offs_m, mask=rows, other=0.0)
 
     dq = tl.zeros([BLOCK, DH], tl.float32)
     # dtau often cancels to much less than its terms: its row sums are carried in float64 (a

@@ -9,6 +9,7 @@ import torch
 import triton
 
 from .kernels import (
+    _lazy_bwd_delta_kernel,
     _lazy_bwd_dkdv_kernel,
     _lazy_bwd_dq_kernel,
     _lazy_bwd_reduce_kernel,
@@ -37,8 +38,8 @@ def config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
         if kernel in INTERPRET_OVERRIDES:
             return dict(INTERPRET_OVERRIDES[kernel])
         b = INTERPRET_BLOCK
-        return {"fwd": {"BLOCK_M": b, "BLOCK_N": b, "BLOCK_L": b}, "dq": {"BLOCK": b, "BLOCK_D": b, "BLOCK_F": b},
-                "dkdv": {"BLOCK_M": b, "BLOCK_N": b}}[kernel]
+        return {"fwd": {"BLOCK_M": b, "BLOCK_N": b, "BLOCK_L": b}, "delta": {"BLOCK_M": b, "BLOCK_N": b},
+                "dq": {"BLOCK": b, "BLOCK_F": b}, "dkdv": {"BLOCK_M": b, "BLOCK_N": b}}[kernel]
     return gpu_config(kernel, dh, dtype)
 
 
@@ -49,7 +50,8 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
     if dtype == torch.float32:
         # ieee fp32 dots run on the FMA units: small tiles keep registers (and ptxas time) in bounds
         return {"fwd": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_L": 32, "num_warps": 4, "num_stages": 1},
-                "dq": {"BLOCK": 32, "BLOCK_D": 32, "BLOCK_F": 32, "num_warps": 4, "num_stages": 1},
+                "delta": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+                "dq": {"BLOCK": 32, "BLOCK_F": 32, "num_warps": 4, "num_stages": 1},
                 "dkdv": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}}[kernel]
     # 16-bit inputs (Hopper, wgmma): the fastest of two sweeps at B=4, H=16, L=4096, W=512 on an H200
     # (.scratch sweep, each kernel timed alone with triton.testing.do_bench, outputs checked against the
@@ -64,12 +66,16 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
     # Dh=64: fwd 64x64 tiles with 4 warps 1.26 vs 1.54 for 128x64; dq 64-row tiles, 4 warps 1.81 vs 2.6-2.8
     # for wider blocks (128-row, 2 stages included); dk/dv 64x128, 8 warps, 2 stages 1.47 vs 1.76-2.4
     # (1-stage dq/dk/dv configs not measured at Dh=64). Dh=16/32 take the Dh=64 settings (not swept).
+    # The Delta pass was then inside the dq kernel (1 stage, BLOCK_D = 64 keys); as a kernel of its own it
+    # takes the forward's tiles with pipelined loads (not yet timed on a GPU).
     if dh <= 64:
         return {"fwd": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_L": 128, "num_warps": 4, "num_stages": 3},
-                "dq": {"BLOCK": 64, "BLOCK_D": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
+                "delta": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+                "dq": {"BLOCK": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
                 "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}}[kernel]
     return {"fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_L": 128, "num_warps": 8, "num_stages": 2},
-            "dq": {"BLOCK": 128, "BLOCK_D": 64, "BLOCK_F": 64, "num_warps": 8, "num_stages": 1},
+            "delta": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
+            "dq": {"BLOCK": 128, "BLOCK_F": 64, "num_warps": 8, "num_stages": 1},
             "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 1}}[kernel]
 
 
@@ -127,8 +133,9 @@ def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, ls
     dv = torch.empty((B, H, L, DH), dtype=v.dtype, device=dev)
     delta = torch.empty((B, H, L), dtype=torch.float32, device=dev)
 
+    launch_delta(q, k, v, bias, tau, lse, do, scale, delta)
+    # both read the Delta written just before
     part = launch_dq(q, k, v, bias, tau, lse, do, scale, delta, dq)
-    # after the dq kernel: it writes the Delta this one reads
     launch_dkdv(q, k, v, bias, tau, lse, do, scale, delta, dk, dv)
 
     dbias = torch.zeros((H, W), dtype=torch.float32, device=dev)
@@ -138,9 +145,21 @@ def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, ls
     return dq, dk, dv, dbias, dtau
 
 
+def launch_delta(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
+                 scale: float, delta: Tensor) -> None:
+    """Runs the Delta kernel: delta [B, H, L] = sum_j p dp, float32."""
+    B, H, L, DH = q.shape
+    W = bias.shape[1]
+    cd = config("delta", DH, q.dtype)
+    _lazy_bwd_delta_kernel[(triton.cdiv(L, cd["BLOCK_M"]), H, B)](
+        q, k, v, do, bias, tau, lse, delta, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E,
+        DH=DH, BLOCK_M=cd["BLOCK_M"], BLOCK_N=cd["BLOCK_N"], PREC=_precision(q.dtype), **_launch_opts(cd))
+
+
 def launch_dq(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
               scale: float, delta: Tensor, dq: Tensor) -> Tensor:
-    """Runs the dq kernel (writes delta and dq); returns the partial rows [B * n_m, H, W + 1]."""
+    """Runs the dq kernel (reads delta, writes dq); returns the partial rows [B * n_m, H, W + 1]."""
     B, H, L, DH = q.shape
     W = bias.shape[1]
     cq = config("dq", DH, q.dtype)
@@ -150,14 +169,14 @@ def launch_dq(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: T
     _lazy_bwd_dq_kernel[(n_m, H, B)](
         q, k, v, do, bias, tau, lse, delta, dq, part, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
         *dq.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E, scale,
-        DH=DH, BLOCK=cq["BLOCK"], BLOCK_D=cq["BLOCK_D"], BLOCK_F=cq["BLOCK_F"], PREC=_precision(q.dtype),
+        DH=DH, BLOCK=cq["BLOCK"], BLOCK_F=cq["BLOCK_F"], PREC=_precision(q.dtype),
         **_launch_opts(cq))
     return part
 
 
 def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
                 scale: float, delta: Tensor, dk: Tensor, dv: Tensor) -> None:
-    """Runs the dk/dv kernel (reads the delta the dq kernel wrote)."""
+    """Runs the dk/dv kernel (reads the delta of the Delta kernel)."""
     B, H, L, DH = q.shape
     W = bias.shape[1]
     ckv = config("dkdv", DH, q.dtype)
