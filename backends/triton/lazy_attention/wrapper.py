@@ -67,7 +67,11 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
     # for wider blocks (128-row, 2 stages included); dk/dv 64x128, 8 warps, 2 stages 1.47 vs 1.76-2.4
     # (1-stage dq/dk/dv configs not measured at Dh=64). Dh=16/32 take the Dh=64 settings (not swept).
     # The Delta pass was then inside the dq kernel (1 stage, BLOCK_D = 64 keys); as a kernel of its own it
-    # takes the forward's tiles with pipelined loads (not yet timed on a GPU).
+    # takes the forward's tiles with pipelined loads. Retimed on an H100 with the Delta kernel (fwd+bwd,
+    # .scratch/lazy_cfg.py): dq 64-row tiles, 4 warps, 3 stages 6.29 vs 6.52 for 128-row tiles with 8
+    # warps and 1 stage (255 registers and 300 B of spills; the 64-row kernel spills 28 B); 2 or 4 stages
+    # 6.33-6.38; 32-key far blocks 6.47; 32-row tiles 7.10. Delta 128x64 with 4 stages the same as 3;
+    # dk/dv 32x128 (7.20), 64x64 (6.83) and 32x64 (7.09) all slower than 64x128.
     if dh <= 64:
         return {"fwd": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_L": 128, "num_warps": 4, "num_stages": 3},
                 "delta": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
@@ -75,7 +79,7 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
                 "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}}[kernel]
     return {"fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_L": 128, "num_warps": 8, "num_stages": 2},
             "delta": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
-            "dq": {"BLOCK": 128, "BLOCK_F": 64, "num_warps": 8, "num_stages": 1},
+            "dq": {"BLOCK": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
             "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 1}}[kernel]
 
 
