@@ -49,10 +49,11 @@ def aot_targets() -> list[dict]:
     for dtype, dh in combos:
         tag = f"{str(dtype).replace('torch.', '')}-dh{dh}"
         prec = "ieee" if dtype == torch.float32 else "tf32"
-        f, dl, q, kv = (gpu_config(k, dh, dtype) for k in ("fwd", "delta", "dq", "dkdv"))
+        ls, f, dl, q, kv = (gpu_config(k, dh, dtype) for k in ("lse", "fwd", "delta", "dq", "dkdv"))
+        out.append(_target(f"lse-{tag}", K._lazy_fwd_lse_kernel, dtype,
+                           {"DH": dh, "BLOCK_M": ls["BLOCK_M"], "BLOCK_L": ls["BLOCK_L"], "PREC": prec}, ls))
         out.append(_target(f"fwd-{tag}", K._lazy_fwd_kernel, dtype,
-                           {"DH": dh, "BLOCK_M": f["BLOCK_M"], "BLOCK_N": f["BLOCK_N"], "BLOCK_L": f["BLOCK_L"],
-                            "PREC": prec}, f))
+                           {"DH": dh, "BLOCK_M": f["BLOCK_M"], "BLOCK_N": f["BLOCK_N"], "PREC": prec}, f))
         out.append(_target(f"delta-{tag}", K._lazy_bwd_delta_kernel, dtype,
                            {"DH": dh, "BLOCK_M": dl["BLOCK_M"], "BLOCK_N": dl["BLOCK_N"], "PREC": prec}, dl))
         out.append(_target(f"dq-{tag}", K._lazy_bwd_dq_kernel, dtype,

@@ -5,7 +5,8 @@ exp2; ``LSE`` stores lse2 = log2(sum_j 2^s2) (float32) for the backward. Each ke
 in three ranges of blocks: far from the diagonal (distance >= W everywhere: no bias gather, no mask),
 inside the bias table (gather bias by distance), and on the diagonal (gather + causal mask).
 
-Forward: one program per (query block, head, batch) runs the LSE pass, then the output pass.
+Forward: ``_lazy_fwd_lse_kernel`` (the LSE pass per query block, head and batch), then
+``_lazy_fwd_kernel`` (the output pass).
 
 Backward: ``_lazy_bwd_delta_kernel`` (per query block, Delta_i = sum_j p dp from float32 p and dp so
 that dbias and dtau keep float32 accuracy with 16-bit inputs), ``_lazy_bwd_dq_kernel`` (dq and a partial
@@ -82,13 +83,10 @@ def _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m,
 
 
 @triton.jit
-def _lazy_fwd_kernel(Q, K, V, Bias, Tau, O, LSE,
-                     sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd, sob, soh, sol, sod,
-                     sbh, sbw, stau, H, L, W, qk_scale,
-                     DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
-                     PREC: tl.constexpr):
-    # BLOCK_N: key block of the output pass; BLOCK_L: key block of the LSE pass (one dot per tile, so a
-    # wider block than the output pass's pays off); each pass splits its range with its own block size
+def _lazy_fwd_lse_kernel(Q, K, Bias, LSE, sqb, sqh, sql, sqd, skb, skh, skl, skd, sbh, sbw, H, L, W, qk_scale,
+                         DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_L: tl.constexpr, PREC: tl.constexpr):
+    # The LSE pass, a kernel of its own: without the output accumulator it needs far fewer registers
+    # than the output pass, so more programs share an SM (and it takes its own tile shape).
     pid_m = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -97,17 +95,11 @@ def _lazy_fwd_kernel(Q, K, V, Bias, Tau, O, LSE,
     offs_d = tl.arange(0, DH)
     q = _load_rows(Q + b * sqb + h * sqh, offs_m, sql, sqd, offs_d, L)
     k_base = K + b * skb + h * skh
-    v_base = V + b * svb + h * svh
     bias_row = Bias + h * sbh
-    c = tl.load(Tau + h * stau) / (offs_m + 1).to(tl.float32)
-
     hi = tl.minimum(m0 + BLOCK_M, L)
     first_bias = tl.maximum(m0 - W + 1, 0)                        # keys below: distance >= W for every row
-    bias_l = (first_bias // BLOCK_L) * BLOCK_L                    # the LSE pass's ranges, in BLOCK_L blocks
+    bias_l = (first_bias // BLOCK_L) * BLOCK_L
     diag_l = (m0 // BLOCK_L) * BLOCK_L
-    bias_lo = (first_bias // BLOCK_N) * BLOCK_N                   # first key block with distance < W
-    diag_lo = (m0 // BLOCK_N) * BLOCK_N                           # first key block with some j > i
-
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     m_i, l_i = _fwd_lse_range(q, k_base, skl, skd, bias_row, sbw, offs_m, offs_d, m_i, l_i, 0, bias_l,
@@ -116,8 +108,34 @@ def _lazy_fwd_kernel(Q, K, V, Bias, Tau, O, LSE,
                               L, W, qk_scale, BLOCK_L, True, False, PREC)
     m_i, l_i = _fwd_lse_range(q, k_base, skl, skd, bias_row, sbw, offs_m, offs_d, m_i, l_i, diag_l, hi,
                               L, W, qk_scale, BLOCK_L, True, True, PREC)
-    lse2 = m_i + tl.log2(l_i)
+    tl.store(LSE + (b * H + h) * L + offs_m, m_i + tl.log2(l_i), mask=offs_m < L)
 
+
+@triton.jit
+def _lazy_fwd_kernel(Q, K, V, Bias, Tau, LSE, O,
+                     sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd, sob, soh, sol, sod,
+                     sbh, sbw, stau, H, L, W, qk_scale,
+                     DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    # The output pass, from the LSE kernel's lse2
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, DH)
+    rows = offs_m < L
+    q = _load_rows(Q + b * sqb + h * sqh, offs_m, sql, sqd, offs_d, L)
+    k_base = K + b * skb + h * skh
+    v_base = V + b * svb + h * svh
+    bias_row = Bias + h * sbh
+    c = tl.load(Tau + h * stau) / (offs_m + 1).to(tl.float32)
+    # padded rows: lse = +inf makes p = 0 there
+    lse2 = tl.load(LSE + (b * H + h) * L + offs_m, mask=rows, other=float("inf"))
+
+    hi = tl.minimum(m0 + BLOCK_M, L)
+    first_bias = tl.maximum(m0 - W + 1, 0)                        # keys below: distance >= W for every row
+    bias_lo = (first_bias // BLOCK_N) * BLOCK_N                   # first key block with distance < W
+    diag_lo = (m0 // BLOCK_N) * BLOCK_N                           # first key block with some j > i
     acc = tl.zeros([BLOCK_M, DH], tl.float32)
     acc = _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, acc,
                          0, bias_lo, L, W, qk_scale, BLOCK_N, False, False, PREC)
@@ -125,11 +143,8 @@ def _lazy_fwd_kernel(Q, K, V, Bias, Tau, O, LSE,
                          bias_lo, diag_lo, L, W, qk_scale, BLOCK_N, True, False, PREC)
     acc = _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, acc,
                          diag_lo, hi, L, W, qk_scale, BLOCK_N, True, True, PREC)
-
-    rows = offs_m < L
     tl.store(O + b * sob + h * soh + offs_m[:, None] * sol + offs_d[None, :] * sod,
              acc.to(O.dtype.element_ty), mask=rows[:, None])
-    tl.store(LSE + (b * H + h) * L + offs_m, lse2, mask=rows)
 
 
 @triton.jit

@@ -14,6 +14,7 @@ from .kernels import (
     _lazy_bwd_dq_kernel,
     _lazy_bwd_reduce_kernel,
     _lazy_fwd_kernel,
+    _lazy_fwd_lse_kernel,
 )
 
 Tensor = torch.Tensor
@@ -33,12 +34,13 @@ def _interpreted() -> bool:
 
 
 def config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
-    """Block sizes and launch options of ``kernel`` ("fwd", "dq", "dkdv") for head dim ``dh``."""
+    """Block sizes and launch options of ``kernel`` ("lse", "fwd", "delta", "dq", "dkdv") for head dim ``dh``."""
     if _interpreted():
         if kernel in INTERPRET_OVERRIDES:
             return dict(INTERPRET_OVERRIDES[kernel])
         b = INTERPRET_BLOCK
-        return {"fwd": {"BLOCK_M": b, "BLOCK_N": b, "BLOCK_L": b}, "delta": {"BLOCK_M": b, "BLOCK_N": b},
+        return {"lse": {"BLOCK_M": b, "BLOCK_L": b}, "fwd": {"BLOCK_M": b, "BLOCK_N": b},
+                "delta": {"BLOCK_M": b, "BLOCK_N": b},
                 "dq": {"BLOCK": b, "BLOCK_F": b}, "dkdv": {"BLOCK_M": b, "BLOCK_N": b}}[kernel]
     return gpu_config(kernel, dh, dtype)
 
@@ -49,7 +51,8 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
         return dict(OVERRIDES[kernel])
     if dtype == torch.float32:
         # ieee fp32 dots run on the FMA units: small tiles keep registers (and ptxas time) in bounds
-        return {"fwd": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_L": 32, "num_warps": 4, "num_stages": 1},
+        return {"lse": {"BLOCK_M": 32, "BLOCK_L": 32, "num_warps": 4, "num_stages": 1},
+                "fwd": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
                 "delta": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
                 "dq": {"BLOCK": 32, "BLOCK_F": 32, "num_warps": 4, "num_stages": 1},
                 "dkdv": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}}[kernel]
@@ -73,11 +76,13 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
     # 6.33-6.38; 32-key far blocks 6.47; 32-row tiles 7.10. Delta 128x64 with 4 stages the same as 3;
     # dk/dv 32x128 (7.20), 64x64 (6.83) and 32x64 (7.09) all slower than 64x128.
     if dh <= 64:
-        return {"fwd": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_L": 128, "num_warps": 4, "num_stages": 3},
+        return {"lse": {"BLOCK_M": 64, "BLOCK_L": 128, "num_warps": 4, "num_stages": 3},
+                "fwd": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
                 "delta": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
                 "dq": {"BLOCK": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
                 "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}}[kernel]
-    return {"fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_L": 128, "num_warps": 8, "num_stages": 2},
+    return {"lse": {"BLOCK_M": 128, "BLOCK_L": 64, "num_warps": 8, "num_stages": 3},
+            "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
             "delta": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
             "dq": {"BLOCK": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
             "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 1}}[kernel]
@@ -116,13 +121,15 @@ def lazy_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor,
     W = bias.shape[1]
     o = torch.empty((B, H, L, DH), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, L), dtype=torch.float32, device=q.device)
+    cl = config("lse", DH, q.dtype)
+    _lazy_fwd_lse_kernel[(triton.cdiv(L, cl["BLOCK_M"]), H, B)](
+        q, k, bias, lse, *q.stride(), *k.stride(), bias.stride(0), bias.stride(1), H, L, W, scale * LOG2E,
+        DH=DH, BLOCK_M=cl["BLOCK_M"], BLOCK_L=cl["BLOCK_L"], PREC=_precision(q.dtype), **_launch_opts(cl))
     cfg = config("fwd", DH, q.dtype)
-    grid = (triton.cdiv(L, cfg["BLOCK_M"]), H, B)
-    _lazy_fwd_kernel[grid](
-        q, k, v, bias, tau, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+    _lazy_fwd_kernel[(triton.cdiv(L, cfg["BLOCK_M"]), H, B)](
+        q, k, v, bias, tau, lse, o, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E,
-        DH=DH, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_L=cfg["BLOCK_L"], PREC=_precision(q.dtype),
-        **_launch_opts(cfg))
+        DH=DH, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], PREC=_precision(q.dtype), **_launch_opts(cfg))
     return o, lse
 
 
