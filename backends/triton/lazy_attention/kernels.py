@@ -214,6 +214,17 @@ def _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, o
 
 
 @triton.jit
+def _bwd_rows(Q, DO, LSE, Tau, b, h, bh, offs_m, offs_d, sqb, sqh, sql, sqd, sdob, sdoh, sdol, sdod, stau, L):
+    """A query block's q, dO, lse2 and c = tau / (i + 1), as the Delta and dq kernels both start."""
+    q = _load_rows(Q + b * sqb + h * sqh, offs_m, sql, sqd, offs_d, L)
+    g = _load_rows(DO + b * sdob + h * sdoh, offs_m, sdol, sdod, offs_d, L)
+    # padded rows: lse = +inf makes p = 0 there, so they add nothing to any sum
+    lse2 = tl.load(LSE + bh * L + offs_m, mask=offs_m < L, other=float("inf"))
+    c = tl.load(Tau + h * stau) / (offs_m + 1).to(tl.float32)
+    return q, g, lse2, c
+
+
+@triton.jit
 def _lazy_bwd_delta_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta,
                            sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
                            sdob, sdoh, sdol, sdod, sbh, sbw, stau, H, L, W, qk_scale,
@@ -227,11 +238,9 @@ def _lazy_bwd_delta_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta,
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, DH)
     rows = offs_m < L
-    q = _load_rows(Q + b * sqb + h * sqh, offs_m, sql, sqd, offs_d, L)
-    g = _load_rows(DO + b * sdob + h * sdoh, offs_m, sdol, sdod, offs_d, L)
     bh = b * H + h
-    lse2 = tl.load(LSE + bh * L + offs_m, mask=rows, other=float("inf"))
-    c = tl.load(Tau + h * stau) / (offs_m + 1).to(tl.float32)
+    q, g, lse2, c = _bwd_rows(Q, DO, LSE, Tau, b, h, bh, offs_m, offs_d, sqb, sqh, sql, sqd,
+                              sdob, sdoh, sdol, sdod, stau, L)
     k_base = K + b * skb + h * skh
     v_base = V + b * svb + h * svh
     bias_row = Bias + h * sbh
@@ -267,12 +276,9 @@ def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
     offs_m = m0 + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, DH)
     rows = offs_m < L
-    q = _load_rows(Q + b * sqb + h * sqh, offs_m, sql, sqd, offs_d, L)
-    g = _load_rows(DO + b * sdob + h * sdoh, offs_m, sdol, sdod, offs_d, L)
     bh = b * H + h
-    # padded rows: lse = +inf makes p = 0 there, so they add nothing to the partial sums
-    lse2 = tl.load(LSE + bh * L + offs_m, mask=rows, other=float("inf"))
-    c = tl.load(Tau + h * stau) / (offs_m + 1).to(tl.float32)
+    q, g, lse2, c = _bwd_rows(Q, DO, LSE, Tau, b, h, bh, offs_m, offs_d, sqb, sqh, sql, sqd,
+                              sdob, sdoh, sdol, sdod, stau, L)
     k_base = K + b * skb + h * skh
     v_base = V + b * svb + h * svh
     bias_row = Bias + h * sbh
