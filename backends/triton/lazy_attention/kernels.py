@@ -389,6 +389,140 @@ def _lazy_bwd_dkdv_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV,
 
 
 @triton.jit
+def _diag_chunks(dsT, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    # Diagonal sums of a [keys r, queries c] tile (BLOCK_N = BLOCK_M or 2 * BLOCK_M), distance c - r.
+    # Rotating row r left by r % BLOCK_M puts its distance k - BLOCK_M * chunk in column k, with
+    # chunk = r // BLOCK_M + (r % BLOCK_M + k >= BLOCK_M): chunk i holds distances -i * BLOCK_M + [0, BLOCK_M).
+    r = tl.arange(0, BLOCK_N)[:, None]
+    kk = tl.arange(0, BLOCK_M)[None, :]
+    rr = r % BLOCK_M
+    rot = tl.gather(dsT, (rr + kk) % BLOCK_M, axis=1)
+    chunk = r // BLOCK_M + (rr + kk >= BLOCK_M).to(tl.int32)
+    return (tl.sum(tl.where(chunk == 0, rot, 0.0), 0), tl.sum(tl.where(chunk == 1, rot, 0.0), 0),
+            tl.sum(tl.where(chunk == 2, rot, 0.0), 0))
+
+
+@triton.jit
+def _fused_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, dq_base, tau, bias_row, sbw,
+                 part_row, offs_n, offs_d, dk, dv, dts, ca, cb, n0, lo, hi, L, W, qk_scale,
+                 DH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BIAS: tl.constexpr,
+                 CAUSAL: tl.constexpr, PREC: tl.constexpr):
+    # transposed tiles: rows are keys j, columns queries i
+    for m0 in range(lo, hi, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        q = _load_rows(q_base, offs_m, sql, sqd, offs_d, L)
+        g = _load_rows(do_base, offs_m, sdol, sdod, offs_d, L)
+        lse2 = tl.load(lse_base + offs_m, mask=offs_m < L, other=float("inf"))
+        delta = tl.load(delta_base + offs_m, mask=offs_m < L, other=0.0)
+        c = tau / (offs_m + 1).to(tl.float32)
+        sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
+        if BIAS:
+            sT += _bias_tile(bias_row, sbw, offs_m[None, :] - offs_n[:, None], W) * LOG2E
+        pT = tl.exp2(sT - lse2[None, :])
+        keep = pT + c[None, :] > 0
+        if CAUSAL:
+            causal = offs_m[None, :] >= offs_n[:, None]
+            pT = tl.where(causal, pT, 0.0)
+            keep = keep & causal
+        eT = tl.where(keep, pT + c[None, :], 0.0)
+        dv = tl.dot(eT.to(g.dtype), g, dv, input_precision=PREC)
+        dpT = tl.where(keep, tl.dot(v, tl.trans(g), input_precision=PREC), 0.0)
+        dsT = pT * (dpT - delta[None, :])
+        if CAUSAL:
+            dsT = tl.where(offs_m[None, :] == 0, 0.0, dsT)   # row 0: ds = 0 exactly (see _dq_range)
+        dsT16 = dsT.to(q.dtype)
+        dk = tl.dot(dsT16, q, dk, input_precision=PREC)
+        # this key block's share of dq, added in float32 (in no fixed order: not bitwise reproducible)
+        dq_t = tl.dot(tl.trans(dsT16), k, input_precision=PREC)
+        tl.atomic_add(dq_base + offs_m[:, None] * DH + offs_d[None, :], dq_t, mask=offs_m[:, None] < L,
+                      sem="relaxed")
+        # dtau: sum_i 1/(i+1) sum_j dp, the per-tile column sums carried in float64 (they cancel)
+        dts += tl.sum(dpT, 0).to(tl.float64) / (offs_m + 1).to(tl.float64)
+        if BIAS:
+            # chunk i of this tile lies at distances m0 - n0 - i * BLOCK_M + [0, BLOCK_M); the query block
+            # steps by BLOCK_M, so the chunk at m0 - n0 - 2 * BLOCK_M is complete now: stored once
+            s0, s1, s2 = _diag_chunks(dsT, BLOCK_N, BLOCK_M)
+            dist = (m0 - n0 - 2 * BLOCK_M) + tl.arange(0, BLOCK_M)
+            tl.store(part_row + dist, ca + s2, mask=(dist >= 0) & (dist < W))
+            ca = cb + s1
+            cb = s0
+    return dk, dv, dts, ca, cb
+
+
+@triton.jit
+def _lazy_bwd_fused_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, DQacc, Part,
+                           sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
+                           sdob, sdoh, sdol, sdod, sdkb, sdkh, sdkl, sdkd, sdvb, sdvh, sdvl, sdvd,
+                           sbh, sbw, stau, H, L, W, qk_scale, scale,
+                           DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    # One pass over the query blocks of one key block, after the Delta kernel: dk, dv, this key block's
+    # share of dq (added into the float32 DQacc [B, H, L, DH]), and a partial row of dbias and dtau.
+    pid_n = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, DH)
+    k = _load_rows(K + b * skb + h * skh, offs_n, skl, skd, offs_d, L)
+    v = _load_rows(V + b * svb + h * svh, offs_n, svl, svd, offs_d, L)
+    q_base = Q + b * sqb + h * sqh
+    do_base = DO + b * sdob + h * sdoh
+    bh = b * H + h
+    tau = tl.load(Tau + h * stau)
+    bias_row = Bias + h * sbh
+    n_n = tl.num_programs(0)
+    part_row = Part + ((b * n_n + pid_n) * H + h) * (W + 1)
+
+    m_lo = (n0 // BLOCK_M) * BLOCK_M                                          # first block with i >= n0
+    diag_hi = tl.minimum(tl.cdiv(n0 + BLOCK_N, BLOCK_M) * BLOCK_M, L)         # blocks with some i < j
+    bias_hi = tl.minimum(tl.maximum(tl.cdiv(n0 + BLOCK_N - 1 + W, BLOCK_M) * BLOCK_M, diag_hi), L)
+    dk = tl.zeros([BLOCK_N, DH], tl.float32)
+    dv = tl.zeros([BLOCK_N, DH], tl.float32)
+    dts = tl.zeros([BLOCK_M], tl.float64)
+    ca = tl.zeros([BLOCK_M], tl.float32)
+    cb = tl.zeros([BLOCK_M], tl.float32)
+    lse_base = LSE + bh * L
+    delta_base = Delta + bh * L
+    dq_base = DQacc + bh * L * DH
+    dk, dv, dts, ca, cb = _fused_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, dq_base,
+                                       tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, dts, ca, cb, n0,
+                                       m_lo, diag_hi, L, W, qk_scale, DH, BLOCK_N, BLOCK_M, True, True, PREC)
+    dk, dv, dts, ca, cb = _fused_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, dq_base,
+                                       tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, dts, ca, cb, n0,
+                                       diag_hi, bias_hi, L, W, qk_scale, DH, BLOCK_N, BLOCK_M, True, False, PREC)
+    # the two chunks still open end at the table's edge: later tiles hold distances >= W only (m_end: the
+    # query block after the last one seen, bias_hi rounded up as the loops step)
+    m_end = m_lo + tl.cdiv(bias_hi - m_lo, BLOCK_M) * BLOCK_M
+    dist = (m_end - n0 - 2 * BLOCK_M) + tl.arange(0, BLOCK_M)
+    tl.store(part_row + dist, ca, mask=(dist >= 0) & (dist < W))
+    tl.store(part_row + dist + BLOCK_M, cb, mask=(dist + BLOCK_M >= 0) & (dist + BLOCK_M < W))
+    dk, dv, dts, ca, cb = _fused_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, dq_base,
+                                       tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, dts, ca, cb, n0,
+                                       bias_hi, L, L, W, qk_scale, DH, BLOCK_N, BLOCK_M, False, False, PREC)
+    cols = offs_n[:, None] < L
+    tl.store(DK + b * sdkb + h * sdkh + offs_n[:, None] * sdkl + offs_d[None, :] * sdkd,
+             (dk * scale).to(DK.dtype.element_ty), mask=cols)
+    tl.store(DV + b * sdvb + h * sdvh + offs_n[:, None] * sdvl + offs_d[None, :] * sdvd,
+             dv.to(DV.dtype.element_ty), mask=cols)
+    tl.store(part_row + W, tl.sum(dts, 0).to(tl.float32))
+
+
+@triton.jit
+def _lazy_dq_convert_kernel(DQacc, DQ, sdqb, sdqh, sdql, sdqd, H, L, scale,
+                            DH: tl.constexpr, BLOCK: tl.constexpr):
+    # dq = scale * DQacc in dq's dtype and strides
+    pid = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    offs_m = pid * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, DH)
+    msk = offs_m[:, None] < L
+    acc = tl.load(DQacc + ((b * H + h) * L + offs_m)[:, None] * DH + offs_d[None, :], mask=msk, other=0.0)
+    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdql + offs_d[None, :] * sdqd,
+             (acc * scale).to(DQ.dtype.element_ty), mask=msk)
+
+
+@triton.jit
 def _lazy_bwd_reduce_kernel(Part, DBias, DTau, R, H, W, BLOCK_W: tl.constexpr):
     # dbias[h, :W] and dtau[h] (column W) = sum over the R = B * query-blocks partial rows of head h
     h = tl.program_id(0)

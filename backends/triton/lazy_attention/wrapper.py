@@ -12,7 +12,9 @@ from .kernels import (
     _lazy_bwd_delta_kernel,
     _lazy_bwd_dkdv_kernel,
     _lazy_bwd_dq_kernel,
+    _lazy_bwd_fused_kernel,
     _lazy_bwd_reduce_kernel,
+    _lazy_dq_convert_kernel,
     _lazy_fwd_kernel,
     _lazy_fwd_lse_kernel,
 )
@@ -23,10 +25,12 @@ HEAD_DIMS = (16, 32, 64, 128)
 # Under the interpreter every block is 16, so that CPU-sized L spans several blocks.
 INTERPRET_BLOCK = 16
 REDUCE_BLOCK = 128
+DQ_CONVERT_BLOCK = 64
 # Per-kernel launch settings can be replaced here (the GPU benchmark script sweeps them).
 OVERRIDES: dict[str, dict] = {}
 # The same under the interpreter (tests of mixed block sizes on CPU).
 INTERPRET_OVERRIDES: dict[str, dict] = {}
+FUSED = True
 
 
 def _interpreted() -> bool:
@@ -41,7 +45,8 @@ def config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
         b = INTERPRET_BLOCK
         return {"lse": {"BLOCK_M": b, "BLOCK_L": b}, "fwd": {"BLOCK_M": b, "BLOCK_N": b},
                 "delta": {"BLOCK_M": b, "BLOCK_N": b},
-                "dq": {"BLOCK": b, "BLOCK_F": b}, "dkdv": {"BLOCK_M": b, "BLOCK_N": b}}[kernel]
+                "dq": {"BLOCK": b, "BLOCK_F": b}, "dkdv": {"BLOCK_M": b, "BLOCK_N": b},
+                "fused": {"BLOCK_M": b, "BLOCK_N": 2 * b}}[kernel]
     return gpu_config(kernel, dh, dtype)
 
 
@@ -55,7 +60,8 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
                 "fwd": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
                 "delta": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
                 "dq": {"BLOCK": 32, "BLOCK_F": 32, "num_warps": 4, "num_stages": 1},
-                "dkdv": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}}[kernel]
+                "dkdv": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+                "fused": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}}[kernel]
     # 16-bit inputs (Hopper, wgmma): the fastest of two sweeps at B=4, H=16, L=4096, W=512 on an H200
     # (.scratch sweep, each kernel timed alone with triton.testing.do_bench, outputs checked against the
     # previous config's). Dh=128 (ms):
@@ -83,12 +89,14 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
                 "fwd": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
                 "delta": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
                 "dq": {"BLOCK": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
-                "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}}[kernel]
+                "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
+                "fused": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}}[kernel]
     return {"lse": {"BLOCK_M": 64, "BLOCK_L": 64, "num_warps": 4, "num_stages": 3},
             "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
             "delta": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
             "dq": {"BLOCK": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
-            "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 1}}[kernel]
+            "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 1},
+            "fused": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 1}}[kernel]
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -148,9 +156,12 @@ def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, ls
     delta = torch.empty((B, H, L), dtype=torch.float32, device=dev)
 
     launch_delta(q, k, v, bias, tau, lse, do, scale, delta)
-    # both read the Delta written just before
-    part = launch_dq(q, k, v, bias, tau, lse, do, scale, delta, dq)
-    launch_dkdv(q, k, v, bias, tau, lse, do, scale, delta, dk, dv)
+    if FUSED:
+        part = launch_fused(q, k, v, bias, tau, lse, do, scale, delta, dq, dk, dv)
+    else:
+        # both read the Delta written just before
+        part = launch_dq(q, k, v, bias, tau, lse, do, scale, delta, dq)
+        launch_dkdv(q, k, v, bias, tau, lse, do, scale, delta, dk, dv)
 
     dbias = torch.zeros((H, W), dtype=torch.float32, device=dev)
     dtau = torch.zeros((H,), dtype=torch.float32, device=dev)
@@ -199,6 +210,25 @@ def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse:
         *dk.stride(), *dv.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W,
         scale * LOG2E, scale, DH=DH, BLOCK_M=ckv["BLOCK_M"], BLOCK_N=ckv["BLOCK_N"], PREC=_precision(q.dtype),
         **_launch_opts(ckv))
+
+
+def launch_fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
+                 scale: float, delta: Tensor, dq: Tensor, dk: Tensor, dv: Tensor) -> Tensor:
+    """Runs the one-pass dq/dk/dv kernel and dq's conversion; returns the partial rows [B * n_n, H, W + 1]."""
+    B, H, L, DH = q.shape
+    W = bias.shape[1]
+    cf = config("fused", DH, q.dtype)
+    n_n = triton.cdiv(L, cf["BLOCK_N"])
+    part = torch.zeros((B * n_n, H, W + 1), dtype=torch.float32, device=q.device)
+    dq_acc = torch.zeros((B, H, L, DH), dtype=torch.float32, device=q.device)
+    _lazy_bwd_fused_kernel[(n_n, H, B)](
+        q, k, v, do, bias, tau, lse, delta, dk, dv, dq_acc, part, *q.stride(), *k.stride(), *v.stride(),
+        *do.stride(), *dk.stride(), *dv.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W,
+        scale * LOG2E, scale, DH=DH, BLOCK_M=cf["BLOCK_M"], BLOCK_N=cf["BLOCK_N"], PREC=_precision(q.dtype),
+        **_launch_opts(cf))
+    bc = DQ_CONVERT_BLOCK
+    _lazy_dq_convert_kernel[(triton.cdiv(L, bc), H, B)](dq_acc, dq, *dq.stride(), H, L, scale, DH=DH, BLOCK=bc)
+    return part
 
 
 class LazyAttentionFn(torch.autograd.Function):

@@ -1,0 +1,68 @@
+"""Lazy attention (bf16, B=4, H=16, L=4096, Dh=128, W=512): the one-pass dq/dk/dv backward (FUSED) against
+the dq + dk/dv kernels, same run: fwd+bwd medians (do_bench), spills, gradients against each other; SDPA too."""
+import os, sys, torch
+sys.path.insert(0, os.getcwd())
+from triton.testing import do_bench
+import torch.nn.functional as F
+import backends.triton.lazy_attention.wrapper as Wr
+import backends.triton.lazy_attention.kernels as K
+B, H, L, D, W = 4, 16, 4096, 128, 512
+torch.manual_seed(0)
+q, k, v = (torch.randn(B, H, L, D, device="cuda").bfloat16().requires_grad_() for _ in range(3))
+bias = (0.5 * torch.randn(H, W, device="cuda")).requires_grad_(); tau = (-0.1 - 0.8 * torch.rand(H, device="cuda")).requires_grad_()
+g = torch.randn(B, H, L, D, device="cuda").bfloat16()
+def spills(fn):
+    out = []
+    for dev, c in fn.device_caches.items():
+        cache = c[0] if isinstance(c, tuple) else c
+        for ck in cache.values():
+            try: ck._init_handles()
+            except Exception: pass
+            out.append((getattr(ck, "n_regs", None), getattr(ck, "n_spills", None)))
+    return out
+def once():
+    for t in (q, k, v, bias, tau): t.grad = None
+    o = Wr.lazy_attention_triton(q, k, v, bias, tau)["o"]; o.backward(g)
+    return [t.grad.clone() for t in (q, k, v, bias, tau)]
+def fb(): Wr.lazy_attention_triton(q, k, v, bias, tau)["o"].backward(g)
+def bench(label):
+    t = do_bench(fb, rep=800, grad_to_none=[q, k, v, bias, tau], return_mode="median")
+    print(f"{label:60s} fwd+bwd {t:.3f}", flush=True)
+    return t
+qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
+def sd(): F.scaled_dot_product_attention(qs, ks, vs, is_causal=True).backward(g)
+ts = do_bench(sd, rep=800, grad_to_none=[qs, ks, vs], return_mode="median")
+print(f"sdpa fwd+bwd {ts:.3f}", flush=True)
+Wr.FUSED = False
+ref = once()
+print("dq", spills(K._lazy_bwd_dq_kernel), "dkdv", spills(K._lazy_bwd_dkdv_kernel))
+t0 = bench("split (main)")
+Wr.FUSED = True
+V = [None,
+     dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2),
+     dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=2),
+     dict(BLOCK_M=16, BLOCK_N=128, num_warps=8, num_stages=2),
+     dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1),
+     dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=2),
+     dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+     dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3),
+     dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2)]
+for cfg in V:
+    Wr.OVERRIDES.clear()
+    if cfg: Wr.OVERRIDES["fused"] = cfg
+    try:
+        n0 = len(spills(K._lazy_bwd_fused_kernel))
+        gr = once()
+        errs = [((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(gr, ref)]
+        t = bench(f"fused {cfg} {spills(K._lazy_bwd_fused_kernel)[n0:]} relerr " + " ".join(f"{e:.1e}" for e in errs))
+        print(f"   ratio vs sdpa {t / ts:.2f}x, vs split {t / t0:.3f}", flush=True)
+    except Exception as e:
+        print("fused", cfg, "FAILED", type(e).__name__, str(e)[:200], flush=True)
+Wr.OVERRIDES.clear()
+Wr.FUSED = False; bench("split again")
+Wr.FUSED = True; bench("fused default again")
+from torch.profiler import profile, ProfilerActivity
+with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    for _ in range(3): fb()
+    torch.cuda.synchronize()
+print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
