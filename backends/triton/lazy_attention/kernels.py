@@ -403,10 +403,17 @@ def _diag_chunks(dsT, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _fused_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, dq_base, tau, bias_row, sbw,
-                 part_row, offs_n, offs_d, dk, dv, dts, ca, cb, n0, lo, hi, L, W, qk_scale,
-                 DH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BIAS: tl.constexpr,
-                 CAUSAL: tl.constexpr, PREC: tl.constexpr):
+def _strip_offset(nj, L, BLOCK_N: tl.constexpr):
+    # ds is kept as one strip per key block nj: queries nj * BLOCK_N .. L-1, each a row of BLOCK_N keys
+    nj = nj + tl.zeros([], tl.int64)   # (a python int in the interpreter's loops)
+    return BLOCK_N * (nj * L - BLOCK_N * (nj * (nj - 1) // 2))
+
+
+@triton.jit
+def _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, ds_strip, tau, bias_row, sbw,
+                   part_row, offs_n, offs_d, dk, dv, dts, ca, cb, n0, lo, hi, L, W, qk_scale,
+                   BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr,
+                   PREC: tl.constexpr):
     # transposed tiles: rows are keys j, columns queries i
     for m0 in range(lo, hi, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -432,12 +439,12 @@ def _fused_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_ba
             dsT = tl.where(offs_m[None, :] == 0, 0.0, dsT)   # row 0: ds = 0 exactly (see _dq_range)
         dsT16 = dsT.to(q.dtype)
         dk = tl.dot(dsT16, q, dk, input_precision=PREC)
-        # this key block's share of dq, added in float32 (in no fixed order: not bitwise reproducible)
-        dq_t = tl.dot(tl.trans(dsT16), k, input_precision=PREC)
-        tl.atomic_add(dq_base + offs_m[:, None] * DH + offs_d[None, :], dq_t, mask=offs_m[:, None] < L,
-                      sem="relaxed")
-        # dtau: sum_i 1/(i+1) sum_j dp, the per-tile column sums carried in float64 (they cancel)
-        dts += tl.sum(dpT, 0).to(tl.float64) / (offs_m + 1).to(tl.float64)
+        # the tile of ds, for the dq kernel (rounded as the dq dot would round it)
+        tl.store(ds_strip + (offs_m - n0)[None, :] * BLOCK_N + (offs_n - n0)[:, None], dsT16,
+                 mask=(offs_m < L)[None, :])
+        # dtau: sum_i 1/(i+1) sum_j dp, each tile's share added in float64 (the shares cancel)
+        inv = tl.div_rn(tl.full([BLOCK_M], 1.0, tl.float32), (offs_m + 1).to(tl.float32))
+        dts += tl.sum(tl.sum(dpT, 0).to(tl.float64) * inv.to(tl.float64), 0)
         if BIAS:
             # chunk i of this tile lies at distances m0 - n0 - i * BLOCK_M + [0, BLOCK_M); the query block
             # steps by BLOCK_M, so the chunk at m0 - n0 - 2 * BLOCK_M is complete now: stored once
@@ -450,13 +457,14 @@ def _fused_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_ba
 
 
 @triton.jit
-def _lazy_bwd_fused_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, DQacc, Part,
-                           sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
-                           sdob, sdoh, sdol, sdod, sdkb, sdkh, sdkl, sdkd, sdvb, sdvh, sdvl, sdvd,
-                           sbh, sbw, stau, H, L, W, qk_scale, scale,
-                           DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
-    # One pass over the query blocks of one key block, after the Delta kernel: dk, dv, this key block's
-    # share of dq (added into the float32 DQacc [B, H, L, DH]), and a partial row of dbias and dtau.
+def _lazy_bwd_dkdv_ds_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, DS, Part,
+                             sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
+                             sdob, sdoh, sdol, sdod, sdkb, sdkh, sdkl, sdkd, sdvb, sdvh, sdvl, sdvd,
+                             sbh, sbw, stau, H, L, W, qk_scale, scale,
+                             DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    # One pass over the query blocks of one key block, after the Delta kernel: dk, dv, a partial row of
+    # dbias and dtau, and ds itself (input dtype) for _lazy_bwd_dq_ds_kernel, so that dq needs no second
+    # pass over p and dp. BLOCK_N is BLOCK_M or 2 * BLOCK_M (three diagonal chunks per tile at most).
     pid_n = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -472,54 +480,68 @@ def _lazy_bwd_fused_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, DQacc, Pa
     bias_row = Bias + h * sbh
     n_n = tl.num_programs(0)
     part_row = Part + ((b * n_n + pid_n) * H + h) * (W + 1)
+    ds_strip = DS + bh * _strip_offset(n_n, L, BLOCK_N) + _strip_offset(pid_n, L, BLOCK_N)
 
     m_lo = (n0 // BLOCK_M) * BLOCK_M                                          # first block with i >= n0
     diag_hi = tl.minimum(tl.cdiv(n0 + BLOCK_N, BLOCK_M) * BLOCK_M, L)         # blocks with some i < j
     bias_hi = tl.minimum(tl.maximum(tl.cdiv(n0 + BLOCK_N - 1 + W, BLOCK_M) * BLOCK_M, diag_hi), L)
     dk = tl.zeros([BLOCK_N, DH], tl.float32)
     dv = tl.zeros([BLOCK_N, DH], tl.float32)
-    dts = tl.zeros([BLOCK_M], tl.float64)
+    dts = tl.zeros([], tl.float64)
     ca = tl.zeros([BLOCK_M], tl.float32)
     cb = tl.zeros([BLOCK_M], tl.float32)
     lse_base = LSE + bh * L
     delta_base = Delta + bh * L
-    dq_base = DQacc + bh * L * DH
-    dk, dv, dts, ca, cb = _fused_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, dq_base,
-                                       tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, dts, ca, cb, n0,
-                                       m_lo, diag_hi, L, W, qk_scale, DH, BLOCK_N, BLOCK_M, True, True, PREC)
-    dk, dv, dts, ca, cb = _fused_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, dq_base,
-                                       tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, dts, ca, cb, n0,
-                                       diag_hi, bias_hi, L, W, qk_scale, DH, BLOCK_N, BLOCK_M, True, False, PREC)
+    dk, dv, dts, ca, cb = _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base,
+                                         ds_strip, tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, dts, ca,
+                                         cb, n0, m_lo, diag_hi, L, W, qk_scale, BLOCK_N, BLOCK_M, True, True, PREC)
+    dk, dv, dts, ca, cb = _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base,
+                                         ds_strip, tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, dts, ca,
+                                         cb, n0, diag_hi, bias_hi, L, W, qk_scale, BLOCK_N, BLOCK_M, True, False,
+                                         PREC)
     # the two chunks still open end at the table's edge: later tiles hold distances >= W only (m_end: the
     # query block after the last one seen, bias_hi rounded up as the loops step)
     m_end = m_lo + tl.cdiv(bias_hi - m_lo, BLOCK_M) * BLOCK_M
     dist = (m_end - n0 - 2 * BLOCK_M) + tl.arange(0, BLOCK_M)
     tl.store(part_row + dist, ca, mask=(dist >= 0) & (dist < W))
     tl.store(part_row + dist + BLOCK_M, cb, mask=(dist + BLOCK_M >= 0) & (dist + BLOCK_M < W))
-    dk, dv, dts, ca, cb = _fused_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, dq_base,
-                                       tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, dts, ca, cb, n0,
-                                       bias_hi, L, L, W, qk_scale, DH, BLOCK_N, BLOCK_M, False, False, PREC)
+    dk, dv, dts, ca, cb = _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base,
+                                         ds_strip, tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, dts, ca,
+                                         cb, n0, bias_hi, L, L, W, qk_scale, BLOCK_N, BLOCK_M, False, False, PREC)
     cols = offs_n[:, None] < L
     tl.store(DK + b * sdkb + h * sdkh + offs_n[:, None] * sdkl + offs_d[None, :] * sdkd,
              (dk * scale).to(DK.dtype.element_ty), mask=cols)
     tl.store(DV + b * sdvb + h * sdvh + offs_n[:, None] * sdvl + offs_d[None, :] * sdvd,
              dv.to(DV.dtype.element_ty), mask=cols)
-    tl.store(part_row + W, tl.sum(dts, 0).to(tl.float32))
+    tl.store(part_row + W, dts.to(tl.float32))
 
 
 @triton.jit
-def _lazy_dq_convert_kernel(DQacc, DQ, sdqb, sdqh, sdql, sdqd, H, L, scale,
-                            DH: tl.constexpr, BLOCK: tl.constexpr):
-    # dq = scale * DQacc in dq's dtype and strides
-    pid = tl.program_id(0)
+def _lazy_bwd_dq_ds_kernel(K, DS, DQ, skb, skh, skl, skd, sdqb, sdqh, sdql, sdqd, H, L, scale,
+                           DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    # dq = scale * sum_j ds[i, j] k_j from the ds strips of _lazy_bwd_dkdv_ds_kernel (same BLOCK_N): a
+    # streaming GEMM over the key blocks up to the diagonal, each tile BLOCK_M contiguous rows of a strip
+    pid_m = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
-    offs_m = pid * BLOCK + tl.arange(0, BLOCK)
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, DH)
-    msk = offs_m[:, None] < L
-    acc = tl.load(DQacc + ((b * H + h) * L + offs_m)[:, None] * DH + offs_d[None, :], mask=msk, other=0.0)
+    offs_j = tl.arange(0, BLOCK_N)
+    rows = offs_m < L
+    bh = b * H + h
+    k_base = K + b * skb + h * skh
+    ds_base = DS + bh * _strip_offset(tl.cdiv(L, BLOCK_N), L, BLOCK_N)
+    dq = tl.zeros([BLOCK_M, DH], tl.float32)
+    # key blocks nj with nj * BLOCK_N <= m0 (BLOCK_N is a multiple of BLOCK_M): every row is in the strip
+    for nj in range(0, m0 // BLOCK_N + 1):
+        n0 = nj * BLOCK_N
+        ds = tl.load(ds_base + _strip_offset(nj, L, BLOCK_N) + (offs_m - n0)[:, None] * BLOCK_N + offs_j[None, :],
+                     mask=rows[:, None], other=0.0)
+        k = _load_rows(k_base, n0 + offs_j, skl, skd, offs_d, L)
+        dq = tl.dot(ds, k, dq, input_precision=PREC)
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdql + offs_d[None, :] * sdqd,
-             (acc * scale).to(DQ.dtype.element_ty), mask=msk)
+             (dq * scale).to(DQ.dtype.element_ty), mask=rows[:, None])
 
 
 @triton.jit

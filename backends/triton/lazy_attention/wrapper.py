@@ -12,9 +12,9 @@ from .kernels import (
     _lazy_bwd_delta_kernel,
     _lazy_bwd_dkdv_kernel,
     _lazy_bwd_dq_kernel,
-    _lazy_bwd_fused_kernel,
+    _lazy_bwd_dkdv_ds_kernel,
+    _lazy_bwd_dq_ds_kernel,
     _lazy_bwd_reduce_kernel,
-    _lazy_dq_convert_kernel,
     _lazy_fwd_kernel,
     _lazy_fwd_lse_kernel,
 )
@@ -25,12 +25,13 @@ HEAD_DIMS = (16, 32, 64, 128)
 # Under the interpreter every block is 16, so that CPU-sized L spans several blocks.
 INTERPRET_BLOCK = 16
 REDUCE_BLOCK = 128
-DQ_CONVERT_BLOCK = 64
 # Per-kernel launch settings can be replaced here (the GPU benchmark script sweeps them).
 OVERRIDES: dict[str, dict] = {}
 # The same under the interpreter (tests of mixed block sizes on CPU).
 INTERPRET_OVERRIDES: dict[str, dict] = {}
-FUSED = True
+# The backward stores ds (about B*H*L*L/2 elements of q's dtype) and computes dq from it, unless that
+# takes more than this; then a dq kernel recomputes p and dp instead.
+DS_BUDGET_BYTES = 2 << 30
 
 
 def _interpreted() -> bool:
@@ -46,7 +47,7 @@ def config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
         return {"lse": {"BLOCK_M": b, "BLOCK_L": b}, "fwd": {"BLOCK_M": b, "BLOCK_N": b},
                 "delta": {"BLOCK_M": b, "BLOCK_N": b},
                 "dq": {"BLOCK": b, "BLOCK_F": b}, "dkdv": {"BLOCK_M": b, "BLOCK_N": b},
-                "fused": {"BLOCK_M": b, "BLOCK_N": 2 * b}}[kernel]
+                "dkdv_ds": {"BLOCK_M": b, "BLOCK_N": 2 * b}, "dq_ds": {"BLOCK_M": b}}[kernel]
     return gpu_config(kernel, dh, dtype)
 
 
@@ -61,7 +62,8 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
                 "delta": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
                 "dq": {"BLOCK": 32, "BLOCK_F": 32, "num_warps": 4, "num_stages": 1},
                 "dkdv": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
-                "fused": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}}[kernel]
+                "dkdv_ds": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+                "dq_ds": {"BLOCK_M": 32, "num_warps": 4, "num_stages": 2}}[kernel]
     # 16-bit inputs (Hopper, wgmma): the fastest of two sweeps at B=4, H=16, L=4096, W=512 on an H200
     # (.scratch sweep, each kernel timed alone with triton.testing.do_bench, outputs checked against the
     # previous config's). Dh=128 (ms):
@@ -90,13 +92,15 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
                 "delta": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
                 "dq": {"BLOCK": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
                 "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
-                "fused": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}}[kernel]
+                "dkdv_ds": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
+                "dq_ds": {"BLOCK_M": 64, "num_warps": 4, "num_stages": 3}}[kernel]
     return {"lse": {"BLOCK_M": 64, "BLOCK_L": 64, "num_warps": 4, "num_stages": 3},
             "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
             "delta": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
             "dq": {"BLOCK": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
             "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 1},
-            "fused": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 1}}[kernel]
+            "dkdv_ds": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 1},
+            "dq_ds": {"BLOCK_M": 64, "num_warps": 4, "num_stages": 3}}[kernel]
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -156,8 +160,8 @@ def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, ls
     delta = torch.empty((B, H, L), dtype=torch.float32, device=dev)
 
     launch_delta(q, k, v, bias, tau, lse, do, scale, delta)
-    if FUSED:
-        part = launch_fused(q, k, v, bias, tau, lse, do, scale, delta, dq, dk, dv)
+    if ds_bytes(q) <= DS_BUDGET_BYTES:
+        part = launch_ds_path(q, k, v, bias, tau, lse, do, scale, delta, dq, dk, dv)
     else:
         # both read the Delta written just before
         part = launch_dq(q, k, v, bias, tau, lse, do, scale, delta, dq)
@@ -212,22 +216,37 @@ def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse:
         **_launch_opts(ckv))
 
 
-def launch_fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
-                 scale: float, delta: Tensor, dq: Tensor, dk: Tensor, dv: Tensor) -> Tensor:
-    """Runs the one-pass dq/dk/dv kernel and dq's conversion; returns the partial rows [B * n_n, H, W + 1]."""
+def ds_bytes(q: Tensor) -> int:
+    """Bytes of the ds strips of the one-pass dk/dv kernel: B*H strips of BLOCK_N keys x the queries from
+    each key block on (about half of B*H*L*L elements, in q's dtype)."""
+    B, H, L, DH = q.shape
+    bn = config("dkdv_ds", DH, q.dtype)["BLOCK_N"]
+    n_n = triton.cdiv(L, bn)
+    return B * H * bn * (n_n * L - bn * n_n * (n_n - 1) // 2) * q.element_size()
+
+
+def launch_ds_path(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
+                   scale: float, delta: Tensor, dq: Tensor, dk: Tensor, dv: Tensor) -> Tensor:
+    """dk, dv, dbias/dtau partials and ds in one pass over p and dp, then dq as a GEMM over the stored ds;
+    returns the partial rows [B * n_n, H, W + 1]."""
     B, H, L, DH = q.shape
     W = bias.shape[1]
-    cf = config("fused", DH, q.dtype)
-    n_n = triton.cdiv(L, cf["BLOCK_N"])
+    ck, cq = config("dkdv_ds", DH, q.dtype), config("dq_ds", DH, q.dtype)
+    bn = ck["BLOCK_N"]
+    if ck["BLOCK_M"] not in (bn, bn // 2) or bn % cq["BLOCK_M"]:
+        raise ValueError(f"dkdv_ds BLOCK_N ({bn}) must be BLOCK_M or 2 * BLOCK_M and a multiple of dq_ds BLOCK_M; "
+                         f"got {ck} and {cq}")
+    n_n = triton.cdiv(L, bn)
     part = torch.zeros((B * n_n, H, W + 1), dtype=torch.float32, device=q.device)
-    dq_acc = torch.zeros((B, H, L, DH), dtype=torch.float32, device=q.device)
-    _lazy_bwd_fused_kernel[(n_n, H, B)](
-        q, k, v, do, bias, tau, lse, delta, dk, dv, dq_acc, part, *q.stride(), *k.stride(), *v.stride(),
+    ds = torch.empty((ds_bytes(q) // q.element_size(),), dtype=q.dtype, device=q.device)
+    _lazy_bwd_dkdv_ds_kernel[(n_n, H, B)](
+        q, k, v, do, bias, tau, lse, delta, dk, dv, ds, part, *q.stride(), *k.stride(), *v.stride(),
         *do.stride(), *dk.stride(), *dv.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W,
-        scale * LOG2E, scale, DH=DH, BLOCK_M=cf["BLOCK_M"], BLOCK_N=cf["BLOCK_N"], PREC=_precision(q.dtype),
-        **_launch_opts(cf))
-    bc = DQ_CONVERT_BLOCK
-    _lazy_dq_convert_kernel[(triton.cdiv(L, bc), H, B)](dq_acc, dq, *dq.stride(), H, L, scale, DH=DH, BLOCK=bc)
+        scale * LOG2E, scale, DH=DH, BLOCK_M=ck["BLOCK_M"], BLOCK_N=bn, PREC=_precision(q.dtype),
+        **_launch_opts(ck))
+    _lazy_bwd_dq_ds_kernel[(triton.cdiv(L, cq["BLOCK_M"]), H, B)](
+        k, ds, dq, *k.stride(), *dq.stride(), H, L, scale, DH=DH, BLOCK_M=cq["BLOCK_M"], BLOCK_N=bn,
+        PREC=_precision(q.dtype), **_launch_opts(cq))
     return part
 
 

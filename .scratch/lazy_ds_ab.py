@@ -1,5 +1,5 @@
-"""Lazy attention (bf16, B=4, H=16, L=4096, Dh=128, W=512): the one-pass dq/dk/dv backward (FUSED) against
-the dq + dk/dv kernels, same run: fwd+bwd medians (do_bench), spills, gradients against each other; SDPA too."""
+"""Lazy attention (bf16, B=4, H=16, L=4096, Dh=128, W=512): the ds-storing dk/dv kernel + dq GEMM against
+the dq + dk/dv kernels (DS_BUDGET_BYTES = 0), same run: fwd+bwd medians (do_bench), spills, gradients against each other; SDPA too."""
 import os, sys, torch
 sys.path.insert(0, os.getcwd())
 from triton.testing import do_bench
@@ -33,34 +33,33 @@ qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
 def sd(): F.scaled_dot_product_attention(qs, ks, vs, is_causal=True).backward(g)
 ts = do_bench(sd, rep=800, grad_to_none=[qs, ks, vs], return_mode="median")
 print(f"sdpa fwd+bwd {ts:.3f}", flush=True)
-Wr.FUSED = False
+Wr.DS_BUDGET_BYTES = 0
 ref = once()
 print("dq", spills(K._lazy_bwd_dq_kernel), "dkdv", spills(K._lazy_bwd_dkdv_kernel))
 t0 = bench("split (main)")
-Wr.FUSED = True
+Wr.DS_BUDGET_BYTES = 2 << 30
 V = [None,
-     dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2),
-     dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=2),
-     dict(BLOCK_M=16, BLOCK_N=128, num_warps=8, num_stages=2),
-     dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1),
-     dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=2),
-     dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
-     dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3),
-     dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2)]
+     {"dkdv_ds": dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2)},
+     {"dkdv_ds": dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2), "dq_ds": dict(BLOCK_M=64, num_warps=4, num_stages=3)},
+     {"dkdv_ds": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2), "dq_ds": dict(BLOCK_M=64, num_warps=4, num_stages=3)},
+     {"dkdv_ds": dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=1), "dq_ds": dict(BLOCK_M=128, num_warps=8, num_stages=3)},
+     {"dkdv_ds": dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=1), "dq_ds": dict(BLOCK_M=64, num_warps=4, num_stages=4)},
+     {"dkdv_ds": dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=1)},
+     ]
 for cfg in V:
     Wr.OVERRIDES.clear()
-    if cfg: Wr.OVERRIDES["fused"] = cfg
+    if cfg: Wr.OVERRIDES.update(cfg)
     try:
-        n0 = len(spills(K._lazy_bwd_fused_kernel))
+        n0 = len(spills(K._lazy_bwd_dkdv_ds_kernel))
         gr = once()
         errs = [((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(gr, ref)]
-        t = bench(f"fused {cfg} {spills(K._lazy_bwd_fused_kernel)[n0:]} relerr " + " ".join(f"{e:.1e}" for e in errs))
+        t = bench(f"ds {cfg} {spills(K._lazy_bwd_dkdv_ds_kernel)[n0:]} relerr " + " ".join(f"{e:.1e}" for e in errs))
         print(f"   ratio vs sdpa {t / ts:.2f}x, vs split {t / t0:.3f}", flush=True)
     except Exception as e:
-        print("fused", cfg, "FAILED", type(e).__name__, str(e)[:200], flush=True)
+        print("ds", cfg, "FAILED", type(e).__name__, str(e)[:200], flush=True)
 Wr.OVERRIDES.clear()
-Wr.FUSED = False; bench("split again")
-Wr.FUSED = True; bench("fused default again")
+Wr.DS_BUDGET_BYTES = 0; bench("split again")
+Wr.DS_BUDGET_BYTES = 2 << 30; bench("ds default again")
 from torch.profiler import profile, ProfilerActivity
 with profile(activities=[ProfilerActivity.CUDA]) as prof:
     for _ in range(3): fb()
