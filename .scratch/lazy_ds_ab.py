@@ -33,18 +33,24 @@ qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
 def sd(): F.scaled_dot_product_attention(qs, ks, vs, is_causal=True).backward(g)
 ts = do_bench(sd, rep=800, grad_to_none=[qs, ks, vs], return_mode="median")
 print(f"sdpa fwd+bwd {ts:.3f}", flush=True)
+sys.path.insert(0, os.path.join(os.getcwd(), ".scratch"))
+import lazy_main.wrapper as MAIN
+def bench_main():
+    t = do_bench(lambda: MAIN.lazy_attention_triton(q, k, v, bias, tau)["o"].backward(g), rep=800,
+                 grad_to_none=[q, k, v, bias, tau], return_mode="median")
+    print(f"{'main (070c399..2f75aaa kernels)':60s} fwd+bwd {t:.3f}", flush=True)
+    return t
 Wr.DS_BUDGET_BYTES = 0
 ref = once()
 print("dq", spills(K._lazy_bwd_dq_kernel), "dkdv", spills(K._lazy_bwd_dkdv_kernel))
-t0 = bench("split (main)")
+t0 = bench("recompute path (this branch)")
+bench_main()
 Wr.DS_BUDGET_BYTES = 2 << 30
 V = [None,
      {"dkdv_ds": dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2)},
      {"dkdv_ds": dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2), "dq_ds": dict(BLOCK_M=64, num_warps=4, num_stages=3)},
-     {"dkdv_ds": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2), "dq_ds": dict(BLOCK_M=64, num_warps=4, num_stages=3)},
-     {"dkdv_ds": dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=1), "dq_ds": dict(BLOCK_M=128, num_warps=8, num_stages=3)},
-     {"dkdv_ds": dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=1), "dq_ds": dict(BLOCK_M=64, num_warps=4, num_stages=4)},
-     {"dkdv_ds": dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=1)},
+     {"dkdv_ds": dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=1), "dq_ds": dict(BLOCK_M=64, num_warps=4, num_stages=3)},
+     {"dkdv_ds": dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=1), "dq_ds": dict(BLOCK_M=128, num_warps=8, num_stages=2)},
      ]
 for cfg in V:
     Wr.OVERRIDES.clear()
@@ -58,7 +64,7 @@ for cfg in V:
     except Exception as e:
         print("ds", cfg, "FAILED", type(e).__name__, str(e)[:200], flush=True)
 Wr.OVERRIDES.clear()
-Wr.DS_BUDGET_BYTES = 0; bench("split again")
+Wr.DS_BUDGET_BYTES = 0; bench("recompute path again"); bench_main()
 Wr.DS_BUDGET_BYTES = 2 << 30; bench("ds default again")
 from torch.profiler import profile, ProfilerActivity
 with profile(activities=[ProfilerActivity.CUDA]) as prof:

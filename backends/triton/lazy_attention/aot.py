@@ -15,7 +15,7 @@ _PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 _FLOATS = ("qk_scale", "scale")
 # which pointer arguments carry the input dtype (the others are float32 tensors)
 _DATA = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "DS"}
-_SIZES = {"H", "L", "W", "R"}
+_SIZES = {"H", "L", "W", "R", "R2"}
 
 
 def _signature(fn, dtype: torch.dtype, constexprs: dict) -> dict:

@@ -174,7 +174,7 @@ def _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale,
 
 
 @triton.jit
-def _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta,
+def _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta, dps,
                  lo, hi, L, W, qk_scale,
                  BLOCK: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
     for n0 in range(lo, hi, BLOCK):
@@ -183,12 +183,13 @@ def _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m
         v = _load_rows(v_base, offs_n, svl, svd, offs_d, L)
         p, dp = _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale, BIAS, CAUSAL, PREC)
         delta += tl.sum(p * dp, 1)
-    return delta
+        dps += tl.sum(dp, 1).to(tl.float64)
+    return delta, dps
 
 
 @triton.jit
 def _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, delta, c,
-              dq, dps, carry, part_row, m0, lo, hi, L, W, qk_scale,
+              dq, carry, part_row, m0, lo, hi, L, W, qk_scale,
               BLOCK: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
     for n0 in range(lo, hi, BLOCK):
         offs_n = n0 + tl.arange(0, BLOCK)
@@ -201,7 +202,6 @@ def _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, o
             # true gradient is exactly zero (all of dq, dk and dbias when L = 1)
             ds = tl.where(offs_m[:, None] == 0, 0.0, ds)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
-        dps += tl.sum(dp, 1).to(tl.float64)
         if BIAS:
             # tile (m0, n0) covers distances m0 - n0 + [-BLOCK, BLOCK); consecutive key blocks shift by
             # BLOCK, so the chunk [m0-n0, m0-n0+BLOCK) is complete once this tile's lower part is added
@@ -210,7 +210,7 @@ def _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, o
             dist = (m0 - n0) + tl.arange(0, BLOCK)
             tl.store(part_row + dist, lo_s + carry, mask=(dist >= 0) & (dist < W))
             carry = hi_s
-    return dq, dps, carry
+    return dq, carry
 
 
 @triton.jit
@@ -225,12 +225,13 @@ def _bwd_rows(Q, DO, LSE, Tau, b, h, bh, offs_m, offs_d, sqb, sqh, sql, sqd, sdo
 
 
 @triton.jit
-def _lazy_bwd_delta_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta,
+def _lazy_bwd_delta_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, TauPart,
                            sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
                            sdob, sdoh, sdol, sdod, sbh, sbw, stau, H, L, W, qk_scale,
                            DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
-    # Delta_i = sum_j p dp over the key blocks of one query block, from float32 p and dp. A kernel of its
-    # own: without the dq kernel's [BLOCK, DH] accumulator its key and value loads can be pipelined.
+    # Delta_i = sum_j p dp over the key blocks of one query block, from float32 p and dp, and this block's
+    # share of dtau = sum_i 1/(i+1) sum_j dp. A kernel of its own: without the dq kernel's [BLOCK, DH]
+    # accumulator its key and value loads can be pipelined.
     pid_m = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -249,13 +250,18 @@ def _lazy_bwd_delta_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta,
     bias_d = (first_bias // BLOCK_N) * BLOCK_N
     diag_d = (m0 // BLOCK_N) * BLOCK_N
     delta = tl.zeros([BLOCK_M], tl.float32)
-    delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
-                         delta, 0, bias_d, L, W, qk_scale, BLOCK_N, False, False, PREC)
-    delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
-                         delta, bias_d, diag_d, L, W, qk_scale, BLOCK_N, True, False, PREC)
-    delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
-                         delta, diag_d, hi, L, W, qk_scale, BLOCK_N, True, True, PREC)
+    # dtau often cancels to much less than its terms: its row sums are carried in float64 (a BLOCK-vector
+    # per tile, next to nothing), which keeps it well inside the float32 floor's bound
+    dps = tl.zeros([BLOCK_M], tl.float64)
+    delta, dps = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
+                              delta, dps, 0, bias_d, L, W, qk_scale, BLOCK_N, False, False, PREC)
+    delta, dps = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
+                              delta, dps, bias_d, diag_d, L, W, qk_scale, BLOCK_N, True, False, PREC)
+    delta, dps = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
+                              delta, dps, diag_d, hi, L, W, qk_scale, BLOCK_N, True, True, PREC)
     tl.store(Delta + bh * L + offs_m, delta, mask=rows)
+    inv = 1.0 / (offs_m + 1).to(tl.float64)
+    tl.store(TauPart + (b * tl.num_programs(0) + pid_m) * H + h, tl.sum(tl.where(rows, dps * inv, 0.0), 0).to(tl.float32))
 
 
 @triton.jit
@@ -265,7 +271,7 @@ def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
                         sbh, sbw, stau, H, L, W, qk_scale, scale,
                         DH: tl.constexpr, BLOCK: tl.constexpr, BLOCK_F: tl.constexpr, PREC: tl.constexpr):
     # One pass over the key blocks of one query block, after the Delta kernel (Delta_i = sum_j p dp; not
-    # g_i . o_i, rows of e need not sum to one): dq and the dbias/dtau partial row.
+    # g_i . o_i, rows of e need not sum to one): dq and a partial row of dbias.
     # BLOCK: query rows, and the key block wherever the bias table or the diagonal is met (the dbias
     # diagonal sums need square tiles); BLOCK_F: key block far from the diagonal (distance >= W: no
     # dbias, no mask, any tile shape).
@@ -282,9 +288,9 @@ def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
     k_base = K + b * skb + h * skh
     v_base = V + b * svb + h * svh
     bias_row = Bias + h * sbh
-    # partial row of this (batch, query block, head): W dbias entries, then the dtau entry
+    # partial row of this (batch, query block, head): W dbias entries
     n_m = tl.num_programs(0)
-    part_row = Part + ((b * n_m + pid_m) * H + h) * (W + 1)
+    part_row = Part + ((b * n_m + pid_m) * H + h) * W
 
     hi = tl.minimum(m0 + BLOCK, L)
     first_bias = tl.maximum(m0 - W + 1, 0)          # keys below: distance >= W for every row of the block
@@ -295,25 +301,20 @@ def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
     delta = tl.load(Delta + bh * L + offs_m, mask=rows, other=0.0)
 
     dq = tl.zeros([BLOCK, DH], tl.float32)
-    # dtau often cancels to much less than its terms: its row sums are carried in float64 (a
-    # BLOCK-vector per tile, next to nothing), which keeps it well inside the float32 floor's bound
-    dps = tl.zeros([BLOCK], tl.float64)
     carry = tl.zeros([BLOCK], tl.float32)
-    dq, dps, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
-                               delta, c, dq, dps, carry, part_row, m0, 0, bias_lo, L, W, qk_scale,
+    dq, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
+                          delta, c, dq, carry, part_row, m0, 0, bias_lo, L, W, qk_scale,
                                BLOCK_F, False, False, PREC)
-    dq, dps, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
-                               delta, c, dq, dps, carry, part_row, m0, bias_lo, diag_lo, L, W, qk_scale,
+    dq, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
+                          delta, c, dq, carry, part_row, m0, bias_lo, diag_lo, L, W, qk_scale,
                                BLOCK, True, False, PREC)
-    dq, dps, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
-                               delta, c, dq, dps, carry, part_row, m0, diag_lo, hi, L, W, qk_scale,
+    dq, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
+                          delta, c, dq, carry, part_row, m0, diag_lo, hi, L, W, qk_scale,
                                BLOCK, True, True, PREC)
     # the last tile is the diagonal one (n0 = m0): its upper part, left in carry, lies at distances < 0
 
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdql + offs_d[None, :] * sdqd,
              (dq * scale).to(DQ.dtype.element_ty), mask=rows[:, None])
-    inv = 1.0 / (offs_m + 1).to(tl.float64)
-    tl.store(part_row + W, tl.sum(tl.where(rows, dps * inv, 0.0), 0).to(tl.float32))
 
 
 @triton.jit
@@ -411,7 +412,7 @@ def _strip_offset(nj, L, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, ds_strip, tau, bias_row, sbw,
-                   part_row, offs_n, offs_d, dk, dv, dts, ca, cb, n0, lo, hi, L, W, qk_scale,
+                   part_row, offs_n, offs_d, dk, dv, ca, cb, n0, lo, hi, L, W, qk_scale,
                    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr,
                    PREC: tl.constexpr):
     # transposed tiles: rows are keys j, columns queries i
@@ -442,9 +443,6 @@ def _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_
         # the tile of ds, for the dq kernel (rounded as the dq dot would round it)
         tl.store(ds_strip + (offs_m - n0)[None, :] * BLOCK_N + (offs_n - n0)[:, None], dsT16,
                  mask=(offs_m < L)[None, :])
-        # dtau: sum_i 1/(i+1) sum_j dp, each tile's share added in float64 (the shares cancel)
-        inv = tl.div_rn(tl.full([BLOCK_M], 1.0, tl.float32), (offs_m + 1).to(tl.float32))
-        dts += tl.sum(tl.sum(dpT, 0).to(tl.float64) * inv.to(tl.float64), 0)
         if BIAS:
             # chunk i of this tile lies at distances m0 - n0 - i * BLOCK_M + [0, BLOCK_M); the query block
             # steps by BLOCK_M, so the chunk at m0 - n0 - 2 * BLOCK_M is complete now: stored once
@@ -453,7 +451,7 @@ def _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_
             tl.store(part_row + dist, ca + s2, mask=(dist >= 0) & (dist < W))
             ca = cb + s1
             cb = s0
-    return dk, dv, dts, ca, cb
+    return dk, dv, ca, cb
 
 
 @triton.jit
@@ -463,7 +461,7 @@ def _lazy_bwd_dkdv_ds_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, DS, Par
                              sbh, sbw, stau, H, L, W, qk_scale, scale,
                              DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
     # One pass over the query blocks of one key block, after the Delta kernel: dk, dv, a partial row of
-    # dbias and dtau, and ds itself (input dtype) for _lazy_bwd_dq_ds_kernel, so that dq needs no second
+    # dbias, and ds itself (input dtype) for _lazy_bwd_dq_ds_kernel, so that dq needs no second
     # pass over p and dp. BLOCK_N is BLOCK_M or 2 * BLOCK_M (three diagonal chunks per tile at most).
     pid_n = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
@@ -479,7 +477,7 @@ def _lazy_bwd_dkdv_ds_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, DS, Par
     tau = tl.load(Tau + h * stau)
     bias_row = Bias + h * sbh
     n_n = tl.num_programs(0)
-    part_row = Part + ((b * n_n + pid_n) * H + h) * (W + 1)
+    part_row = Part + ((b * n_n + pid_n) * H + h) * W
     ds_strip = DS + bh * _strip_offset(n_n, L, BLOCK_N) + _strip_offset(pid_n, L, BLOCK_N)
 
     m_lo = (n0 // BLOCK_M) * BLOCK_M                                          # first block with i >= n0
@@ -487,16 +485,15 @@ def _lazy_bwd_dkdv_ds_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, DS, Par
     bias_hi = tl.minimum(tl.maximum(tl.cdiv(n0 + BLOCK_N - 1 + W, BLOCK_M) * BLOCK_M, diag_hi), L)
     dk = tl.zeros([BLOCK_N, DH], tl.float32)
     dv = tl.zeros([BLOCK_N, DH], tl.float32)
-    dts = tl.zeros([], tl.float64)
     ca = tl.zeros([BLOCK_M], tl.float32)
     cb = tl.zeros([BLOCK_M], tl.float32)
     lse_base = LSE + bh * L
     delta_base = Delta + bh * L
-    dk, dv, dts, ca, cb = _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base,
-                                         ds_strip, tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, dts, ca,
+    dk, dv, ca, cb = _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base,
+                                         ds_strip, tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca,
                                          cb, n0, m_lo, diag_hi, L, W, qk_scale, BLOCK_N, BLOCK_M, True, True, PREC)
-    dk, dv, dts, ca, cb = _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base,
-                                         ds_strip, tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, dts, ca,
+    dk, dv, ca, cb = _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base,
+                                         ds_strip, tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca,
                                          cb, n0, diag_hi, bias_hi, L, W, qk_scale, BLOCK_N, BLOCK_M, True, False,
                                          PREC)
     # the two chunks still open end at the table's edge: later tiles hold distances >= W only (m_end: the
@@ -505,15 +502,14 @@ def _lazy_bwd_dkdv_ds_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, DS, Par
     dist = (m_end - n0 - 2 * BLOCK_M) + tl.arange(0, BLOCK_M)
     tl.store(part_row + dist, ca, mask=(dist >= 0) & (dist < W))
     tl.store(part_row + dist + BLOCK_M, cb, mask=(dist + BLOCK_M >= 0) & (dist + BLOCK_M < W))
-    dk, dv, dts, ca, cb = _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base,
-                                         ds_strip, tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, dts, ca,
+    dk, dv, ca, cb = _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base,
+                                         ds_strip, tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca,
                                          cb, n0, bias_hi, L, L, W, qk_scale, BLOCK_N, BLOCK_M, False, False, PREC)
     cols = offs_n[:, None] < L
     tl.store(DK + b * sdkb + h * sdkh + offs_n[:, None] * sdkl + offs_d[None, :] * sdkd,
              (dk * scale).to(DK.dtype.element_ty), mask=cols)
     tl.store(DV + b * sdvb + h * sdvh + offs_n[:, None] * sdvl + offs_d[None, :] * sdvd,
              dv.to(DV.dtype.element_ty), mask=cols)
-    tl.store(part_row + W, dts.to(tl.float32))
 
 
 @triton.jit
@@ -545,13 +541,16 @@ def _lazy_bwd_dq_ds_kernel(K, DS, DQ, skb, skh, skl, skd, sdqb, sdqh, sdql, sdqd
 
 
 @triton.jit
-def _lazy_bwd_reduce_kernel(Part, DBias, DTau, R, H, W, BLOCK_W: tl.constexpr):
-    # dbias[h, :W] and dtau[h] (column W) = sum over the R = B * query-blocks partial rows of head h
+def _lazy_bwd_reduce_kernel(Part, TauPart, DBias, DTau, R, R2, H, W, BLOCK_W: tl.constexpr):
+    # dbias[h, :W] = sum over the R partial rows [R, H, W] of head h; dtau[h] (column W) = sum of the R2
+    # per-query-block shares [R2, H] of the Delta kernel. Fixed order, float64 sums.
     h = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
     acc = tl.zeros([BLOCK_W], tl.float64)
     for r in range(0, R):
-        acc += tl.load(Part + (r * H + h) * (W + 1) + cols, mask=cols <= W, other=0.0).to(tl.float64)
+        acc += tl.load(Part + (r * H + h) * W + cols, mask=cols < W, other=0.0).to(tl.float64)
+    for r in range(0, R2):
+        acc += tl.load(TauPart + r * H + h + cols * 0, mask=cols == W, other=0.0).to(tl.float64)
     acc = acc.to(tl.float32)
     dst_h = h  # the output slot of this head
     # outputs start at zero and each element receives exactly one add: deterministic

@@ -10,10 +10,10 @@ import triton
 
 from .kernels import (
     _lazy_bwd_delta_kernel,
-    _lazy_bwd_dkdv_kernel,
-    _lazy_bwd_dq_kernel,
     _lazy_bwd_dkdv_ds_kernel,
+    _lazy_bwd_dkdv_kernel,
     _lazy_bwd_dq_ds_kernel,
+    _lazy_bwd_dq_kernel,
     _lazy_bwd_reduce_kernel,
     _lazy_fwd_kernel,
     _lazy_fwd_lse_kernel,
@@ -159,7 +159,7 @@ def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, ls
     dv = torch.empty((B, H, L, DH), dtype=v.dtype, device=dev)
     delta = torch.empty((B, H, L), dtype=torch.float32, device=dev)
 
-    launch_delta(q, k, v, bias, tau, lse, do, scale, delta)
+    tau_part = launch_delta(q, k, v, bias, tau, lse, do, scale, delta)
     if ds_bytes(q) <= DS_BUDGET_BYTES:
         part = launch_ds_path(q, k, v, bias, tau, lse, do, scale, delta, dq, dk, dv)
     else:
@@ -169,32 +169,36 @@ def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, ls
 
     dbias = torch.zeros((H, W), dtype=torch.float32, device=dev)
     dtau = torch.zeros((H,), dtype=torch.float32, device=dev)
-    bw = REDUCE_BLOCK   # (H, W/128) programs, each summing the partial rows in a fixed order
-    _lazy_bwd_reduce_kernel[(H, triton.cdiv(W + 1, bw))](part, dbias, dtau, part.shape[0], H, W, BLOCK_W=bw)
+    bw = REDUCE_BLOCK   # (H, (W+1)/128) programs, each summing the partial rows in a fixed order
+    _lazy_bwd_reduce_kernel[(H, triton.cdiv(W + 1, bw))](part, tau_part, dbias, dtau, part.shape[0],
+                                                         tau_part.shape[0], H, W, BLOCK_W=bw)
     return dq, dk, dv, dbias, dtau
 
 
 def launch_delta(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
-                 scale: float, delta: Tensor) -> None:
-    """Runs the Delta kernel: delta [B, H, L] = sum_j p dp, float32."""
+                 scale: float, delta: Tensor) -> Tensor:
+    """Runs the Delta kernel: delta [B, H, L] = sum_j p dp, float32; returns the dtau shares [B * n_m, H]."""
     B, H, L, DH = q.shape
     W = bias.shape[1]
     cd = config("delta", DH, q.dtype)
-    _lazy_bwd_delta_kernel[(triton.cdiv(L, cd["BLOCK_M"]), H, B)](
-        q, k, v, do, bias, tau, lse, delta, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+    n_m = triton.cdiv(L, cd["BLOCK_M"])
+    tau_part = torch.empty((B * n_m, H), dtype=torch.float32, device=q.device)
+    _lazy_bwd_delta_kernel[(n_m, H, B)](
+        q, k, v, do, bias, tau, lse, delta, tau_part, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
         bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E,
         DH=DH, BLOCK_M=cd["BLOCK_M"], BLOCK_N=cd["BLOCK_N"], PREC=_precision(q.dtype), **_launch_opts(cd))
+    return tau_part
 
 
 def launch_dq(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
               scale: float, delta: Tensor, dq: Tensor) -> Tensor:
-    """Runs the dq kernel (reads delta, writes dq); returns the partial rows [B * n_m, H, W + 1]."""
+    """Runs the dq kernel (reads delta, writes dq); returns the dbias partial rows [B * n_m, H, W]."""
     B, H, L, DH = q.shape
     W = bias.shape[1]
     cq = config("dq", DH, q.dtype)
     n_m = triton.cdiv(L, cq["BLOCK"])
-    # one partial row per (batch, query block, head): W dbias sums, then the dtau sum
-    part = torch.zeros((B * n_m, H, W + 1), dtype=torch.float32, device=q.device)
+    # one partial row of W dbias sums per (batch, query block, head)
+    part = torch.zeros((B * n_m, H, W), dtype=torch.float32, device=q.device)
     _lazy_bwd_dq_kernel[(n_m, H, B)](
         q, k, v, do, bias, tau, lse, delta, dq, part, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
         *dq.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E, scale,
@@ -227,8 +231,8 @@ def ds_bytes(q: Tensor) -> int:
 
 def launch_ds_path(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
                    scale: float, delta: Tensor, dq: Tensor, dk: Tensor, dv: Tensor) -> Tensor:
-    """dk, dv, dbias/dtau partials and ds in one pass over p and dp, then dq as a GEMM over the stored ds;
-    returns the partial rows [B * n_n, H, W + 1]."""
+    """dk, dv, dbias partials and ds in one pass over p and dp, then dq as a GEMM over the stored ds;
+    returns the dbias partial rows [B * n_n, H, W]."""
     B, H, L, DH = q.shape
     W = bias.shape[1]
     ck, cq = config("dkdv_ds", DH, q.dtype), config("dq_ds", DH, q.dtype)
@@ -237,11 +241,11 @@ def launch_ds_path(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, l
         raise ValueError(f"dkdv_ds BLOCK_N ({bn}) must be BLOCK_M or 2 * BLOCK_M and a multiple of dq_ds BLOCK_M; "
                          f"got {ck} and {cq}")
     n_n = triton.cdiv(L, bn)
-    part = torch.zeros((B * n_n, H, W + 1), dtype=torch.float32, device=q.device)
+    part = torch.zeros((B * n_n, H, W), dtype=torch.float32, device=q.device)
     ds = torch.empty((ds_bytes(q) // q.element_size(),), dtype=q.dtype, device=q.device)
     _lazy_bwd_dkdv_ds_kernel[(n_n, H, B)](
-        q, k, v, do, bias, tau, lse, delta, dk, dv, ds, part, *q.stride(), *k.stride(), *v.stride(),
-        *do.stride(), *dk.stride(), *dv.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W,
+        q, k, v, do, bias, tau, lse, delta, dk, dv, ds, part, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        *dk.stride(), *dv.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W,
         scale * LOG2E, scale, DH=DH, BLOCK_M=ck["BLOCK_M"], BLOCK_N=bn, PREC=_precision(q.dtype),
         **_launch_opts(ck))
     _lazy_bwd_dq_ds_kernel[(triton.cdiv(L, cq["BLOCK_M"]), H, B)](
