@@ -9,10 +9,13 @@ Forward: ``_lazy_fwd_lse_kernel`` (the LSE pass per query block, head and batch)
 ``_lazy_fwd_kernel`` (the output pass).
 
 Backward: ``_lazy_bwd_delta_kernel`` (per query block, Delta_i = sum_j p dp from float32 p and dp so
-that dbias and dtau keep float32 accuracy with 16-bit inputs), ``_lazy_bwd_dq_kernel`` (dq and a partial
-row of dbias and dtau per query block), ``_lazy_bwd_dkdv_kernel`` (dk, dv), ``_lazy_bwd_reduce_kernel``
-(sums the partial rows: deterministic, one add per output element). Every tensor is addressed with its
-own strides, dO's head stride included.
+that dbias and dtau keep float32 accuracy with 16-bit inputs, and the query block's share of dtau), then
+either the ds path: ``_lazy_bwd_dkdv_ds_kernel`` (dk, dv, a partial row of dbias per key block, and ds
+itself, in the input dtype, about B*H*L*L/2 elements) and ``_lazy_bwd_dq_ds_kernel`` (dq as a GEMM over
+the stored ds); or, where ds would exceed the wrapper's memory budget, ``_lazy_bwd_dq_kernel`` (dq and a
+partial row of dbias per query block, recomputing p and dp) and ``_lazy_bwd_dkdv_kernel`` (dk, dv).
+``_lazy_bwd_reduce_kernel`` sums the partial rows (deterministic, one add per output element). Every
+tensor is addressed with its own strides, dO's head stride included.
 
 What the bias costs (H100, bf16, B=4, H=16, L=4096, Dh=128, torch.profiler): W = 512 against W = 1 adds
 about 1.06 ms to fwd+bwd, 0.3 in the forward, 0.59 in dq (0.16 of it the diagonal sums of dbias), 0.13

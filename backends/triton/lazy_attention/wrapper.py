@@ -30,8 +30,8 @@ OVERRIDES: dict[str, dict] = {}
 # The same under the interpreter (tests of mixed block sizes on CPU).
 INTERPRET_OVERRIDES: dict[str, dict] = {}
 # The backward stores ds (about B*H*L*L/2 elements of q's dtype) and computes dq from it, unless that
-# takes more than this; then a dq kernel recomputes p and dp instead.
-DS_BUDGET_BYTES = 2 << 30
+# takes more than this many bytes (env LAZY_ATTENTION_DS_BUDGET); then a dq kernel recomputes p and dp.
+DS_BUDGET_BYTES = int(os.environ.get("LAZY_ATTENTION_DS_BUDGET", 2 << 30))
 
 
 def _interpreted() -> bool:
@@ -86,20 +86,26 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
     # The LSE pass as a kernel of its own (H100, forward alone): 64x64 tiles, 4 warps, 3 stages 1.61 ms
     # vs 1.71 for the one-kernel forward; 128x64 with 8 warps 1.64 (3 or 4 stages); 128-key blocks
     # 1.80-1.85. The output kernel keeps 128x64, 8 warps, 2 stages (3 stages 1.64, 128x128 1.70).
+    # The ds path (H100, fwd+bwd, .scratch/lazy_ds_ab.py, SDPA 2.09 and the recompute path 6.12 in the same
+    # run): dk/dv+ds 32x64 (queries x keys), 4 warps, 1 stage 5.05 ms; 2 stages 5.71; 64x128 with 8 warps,
+    # 1 stage 5.82 (132 spills), 2 stages 5.91. dq from ds: 64-row tiles, 4 warps, 3 stages (0.47 ms);
+    # 128-row with 8 warps the same. In the 64x128 kernel (timed alone, .scratch/lazy_diag.py) the ds store
+    # cost 0.47 ms, the dbias chunks 0.32 and dtau (float64 column sums) 1.08, hence dtau moved to Delta.
+    # Dh <= 64 takes the same ds-path tiles (not timed).
     if dh <= 64:
         return {"lse": {"BLOCK_M": 64, "BLOCK_L": 128, "num_warps": 4, "num_stages": 3},
                 "fwd": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
                 "delta": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
                 "dq": {"BLOCK": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
                 "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
-                "dkdv_ds": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
+                "dkdv_ds": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
                 "dq_ds": {"BLOCK_M": 64, "num_warps": 4, "num_stages": 3}}[kernel]
     return {"lse": {"BLOCK_M": 64, "BLOCK_L": 64, "num_warps": 4, "num_stages": 3},
             "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
             "delta": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
             "dq": {"BLOCK": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
             "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 1},
-            "dkdv_ds": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 1},
+            "dkdv_ds": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
             "dq_ds": {"BLOCK_M": 64, "num_warps": 4, "num_stages": 3}}[kernel]
 
 
