@@ -19,11 +19,11 @@ GRADS = ("dq", "dk", "dv", "dbias", "dtau")
 register_mutant(Mutant(
     id="lazy-do-head-stride", operator="lazy_attention", backend="triton",
     seed="lazy-attention-multihead-gradient-fix.md",
-    description="dO addressed with q's head stride in the Delta, dq and dk/dv kernels",
+    description="dO addressed with q's head stride in the Delta, dq and dk/dv kernels (both backward paths)",
     edits=tuple(("wrapper.py", f"lse, delta, {outs}*q.stride(), *k.stride(), *v.stride(), *do.stride(),",
                  f"lse, delta, {outs}*q.stride(), *k.stride(), *v.stride(), "
                  "do.stride(0), q.stride(1), do.stride(2), do.stride(3),")
-                for outs in ("", "dq, part, ", "dk, dv, ")),
+                for outs in ("tau_part, ", "dq, part, ", "dk, dv, ", "dk, dv, ds, part, ")),
     expect=(Expectation(CASE, "float32", fail=GRADS, passing=("o",),
                         where={c: {"head": "all-but-first"} for c in GRADS}),),
 ))

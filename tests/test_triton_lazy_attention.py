@@ -32,7 +32,9 @@ CASES = [
 SCRIPT = textwrap.dedent("""
     import json, sys, torch
     from references.lazy_attention import lazy_attention
+    from backends.triton.lazy_attention import wrapper
     from backends.triton.lazy_attention.wrapper import lazy_attention_triton
+    wrapper.DS_BUDGET_BYTES = int(sys.argv[2])
 
     def make(shape, layout, dtype, gen):
         B, H, L, Dh = shape
@@ -68,10 +70,16 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def results() -> dict[str, dict]:
+# the two backward paths: dq from the stored ds (the default), and the dq kernel that recomputes p and dp
+# (taken where ds would exceed DS_BUDGET_BYTES)
+BUDGETS = {"ds": 1 << 40, "recompute": 0}
+
+
+@pytest.fixture(scope="module", params=list(BUDGETS))
+def results(request) -> dict[str, dict]:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(CASES)], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(CASES), str(BUDGETS[request.param])],
+                          cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

@@ -14,8 +14,8 @@ from .wrapper import REDUCE_BLOCK, gpu_config
 _PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 _FLOATS = ("qk_scale", "scale")
 # which pointer arguments carry the input dtype (the others are float32 tensors)
-_DATA = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
-_SIZES = {"H", "L", "W", "R"}
+_DATA = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "DS"}
+_SIZES = {"H", "L", "W", "R", "R2"}
 
 
 def _signature(fn, dtype: torch.dtype, constexprs: dict) -> dict:
@@ -49,7 +49,8 @@ def aot_targets() -> list[dict]:
     for dtype, dh in combos:
         tag = f"{str(dtype).replace('torch.', '')}-dh{dh}"
         prec = "ieee" if dtype == torch.float32 else "tf32"
-        ls, f, dl, q, kv = (gpu_config(k, dh, dtype) for k in ("lse", "fwd", "delta", "dq", "dkdv"))
+        ls, f, dl, q, kv, kd, qd = (gpu_config(k, dh, dtype)
+                                    for k in ("lse", "fwd", "delta", "dq", "dkdv", "dkdv_ds", "dq_ds"))
         out.append(_target(f"lse-{tag}", K._lazy_fwd_lse_kernel, dtype,
                            {"DH": dh, "BLOCK_M": ls["BLOCK_M"], "BLOCK_L": ls["BLOCK_L"], "PREC": prec}, ls))
         out.append(_target(f"fwd-{tag}", K._lazy_fwd_kernel, dtype,
@@ -60,5 +61,9 @@ def aot_targets() -> list[dict]:
                            {"DH": dh, "BLOCK": q["BLOCK"], "BLOCK_F": q["BLOCK_F"], "PREC": prec}, q))
         out.append(_target(f"dkdv-{tag}", K._lazy_bwd_dkdv_kernel, dtype,
                            {"DH": dh, "BLOCK_M": kv["BLOCK_M"], "BLOCK_N": kv["BLOCK_N"], "PREC": prec}, kv))
+        out.append(_target(f"dkdv_ds-{tag}", K._lazy_bwd_dkdv_ds_kernel, dtype,
+                           {"DH": dh, "BLOCK_M": kd["BLOCK_M"], "BLOCK_N": kd["BLOCK_N"], "PREC": prec}, kd))
+        out.append(_target(f"dq_ds-{tag}", K._lazy_bwd_dq_ds_kernel, dtype,
+                           {"DH": dh, "BLOCK_M": qd["BLOCK_M"], "BLOCK_N": kd["BLOCK_N"], "PREC": prec}, qd))
     out.append(_target("reduce", K._lazy_bwd_reduce_kernel, torch.float32, {"BLOCK_W": REDUCE_BLOCK}))
     return out

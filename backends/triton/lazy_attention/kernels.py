@@ -9,10 +9,13 @@ Forward: ``_lazy_fwd_lse_kernel`` (the LSE pass per query block, head and batch)
 ``_lazy_fwd_kernel`` (the output pass).
 
 Backward: ``_lazy_bwd_delta_kernel`` (per query block, Delta_i = sum_j p dp from float32 p and dp so
-that dbias and dtau keep float32 accuracy with 16-bit inputs), ``_lazy_bwd_dq_kernel`` (dq and a partial
-row of dbias and dtau per query block), ``_lazy_bwd_dkdv_kernel`` (dk, dv), ``_lazy_bwd_reduce_kernel``
-(sums the partial rows: deterministic, one add per output element). Every tensor is addressed with its
-own strides, dO's head stride included.
+that dbias and dtau keep float32 accuracy with 16-bit inputs, and the query block's share of dtau), then
+either the ds path: ``_lazy_bwd_dkdv_ds_kernel`` (dk, dv, a partial row of dbias per key block, and ds
+itself, in the input dtype, about B*H*L*L/2 elements) and ``_lazy_bwd_dq_ds_kernel`` (dq as a GEMM over
+the stored ds); or, where ds would exceed the wrapper's memory budget, ``_lazy_bwd_dq_kernel`` (dq and a
+partial row of dbias per query block, recomputing p and dp) and ``_lazy_bwd_dkdv_kernel`` (dk, dv).
+``_lazy_bwd_reduce_kernel`` sums the partial rows (deterministic, one add per output element). Every
+tensor is addressed with its own strides, dO's head stride included.
 
 What the bias costs (H100, bf16, B=4, H=16, L=4096, Dh=128, torch.profiler): W = 512 against W = 1 adds
 about 1.06 ms to fwd+bwd, 0.3 in the forward, 0.59 in dq (0.16 of it the diagonal sums of dbias), 0.13
@@ -174,7 +177,7 @@ def _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale,
 
 
 @triton.jit
-def _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta,
+def _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta, dps,
                  lo, hi, L, W, qk_scale,
                  BLOCK: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
     for n0 in range(lo, hi, BLOCK):
@@ -183,12 +186,13 @@ def _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m
         v = _load_rows(v_base, offs_n, svl, svd, offs_d, L)
         p, dp = _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale, BIAS, CAUSAL, PREC)
         delta += tl.sum(p * dp, 1)
-    return delta
+        dps += tl.sum(dp, 1).to(tl.float64)
+    return delta, dps
 
 
 @triton.jit
 def _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, delta, c,
-              dq, dps, carry, part_row, m0, lo, hi, L, W, qk_scale,
+              dq, carry, part_row, m0, lo, hi, L, W, qk_scale,
               BLOCK: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
     for n0 in range(lo, hi, BLOCK):
         offs_n = n0 + tl.arange(0, BLOCK)
@@ -201,7 +205,6 @@ def _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, o
             # true gradient is exactly zero (all of dq, dk and dbias when L = 1)
             ds = tl.where(offs_m[:, None] == 0, 0.0, ds)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
-        dps += tl.sum(dp, 1).to(tl.float64)
         if BIAS:
             # tile (m0, n0) covers distances m0 - n0 + [-BLOCK, BLOCK); consecutive key blocks shift by
             # BLOCK, so the chunk [m0-n0, m0-n0+BLOCK) is complete once this tile's lower part is added
@@ -210,7 +213,7 @@ def _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, o
             dist = (m0 - n0) + tl.arange(0, BLOCK)
             tl.store(part_row + dist, lo_s + carry, mask=(dist >= 0) & (dist < W))
             carry = hi_s
-    return dq, dps, carry
+    return dq, carry
 
 
 @triton.jit
@@ -225,12 +228,13 @@ def _bwd_rows(Q, DO, LSE, Tau, b, h, bh, offs_m, offs_d, sqb, sqh, sql, sqd, sdo
 
 
 @triton.jit
-def _lazy_bwd_delta_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta,
+def _lazy_bwd_delta_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, TauPart,
                            sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
                            sdob, sdoh, sdol, sdod, sbh, sbw, stau, H, L, W, qk_scale,
                            DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
-    # Delta_i = sum_j p dp over the key blocks of one query block, from float32 p and dp. A kernel of its
-    # own: without the dq kernel's [BLOCK, DH] accumulator its key and value loads can be pipelined.
+    # Delta_i = sum_j p dp over the key blocks of one query block, from float32 p and dp, and this block's
+    # share of dtau = sum_i 1/(i+1) sum_j dp. A kernel of its own: without the dq kernel's [BLOCK, DH]
+    # accumulator its key and value loads can be pipelined.
     pid_m = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -249,13 +253,18 @@ def _lazy_bwd_delta_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta,
     bias_d = (first_bias // BLOCK_N) * BLOCK_N
     diag_d = (m0 // BLOCK_N) * BLOCK_N
     delta = tl.zeros([BLOCK_M], tl.float32)
-    delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
-                         delta, 0, bias_d, L, W, qk_scale, BLOCK_N, False, False, PREC)
-    delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
-                         delta, bias_d, diag_d, L, W, qk_scale, BLOCK_N, True, False, PREC)
-    delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
-                         delta, diag_d, hi, L, W, qk_scale, BLOCK_N, True, True, PREC)
+    # dtau often cancels to much less than its terms: its row sums are carried in float64 (a BLOCK-vector
+    # per tile, next to nothing), which keeps it well inside the float32 floor's bound
+    dps = tl.zeros([BLOCK_M], tl.float64)
+    delta, dps = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
+                              delta, dps, 0, bias_d, L, W, qk_scale, BLOCK_N, False, False, PREC)
+    delta, dps = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
+                              delta, dps, bias_d, diag_d, L, W, qk_scale, BLOCK_N, True, False, PREC)
+    delta, dps = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
+                              delta, dps, diag_d, hi, L, W, qk_scale, BLOCK_N, True, True, PREC)
     tl.store(Delta + bh * L + offs_m, delta, mask=rows)
+    inv = 1.0 / (offs_m + 1).to(tl.float64)
+    tl.store(TauPart + (b * tl.num_programs(0) + pid_m) * H + h, tl.sum(tl.where(rows, dps * inv, 0.0), 0).to(tl.float32))
 
 
 @triton.jit
@@ -265,7 +274,7 @@ def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
                         sbh, sbw, stau, H, L, W, qk_scale, scale,
                         DH: tl.constexpr, BLOCK: tl.constexpr, BLOCK_F: tl.constexpr, PREC: tl.constexpr):
     # One pass over the key blocks of one query block, after the Delta kernel (Delta_i = sum_j p dp; not
-    # g_i . o_i, rows of e need not sum to one): dq and the dbias/dtau partial row.
+    # g_i . o_i, rows of e need not sum to one): dq and a partial row of dbias.
     # BLOCK: query rows, and the key block wherever the bias table or the diagonal is met (the dbias
     # diagonal sums need square tiles); BLOCK_F: key block far from the diagonal (distance >= W: no
     # dbias, no mask, any tile shape).
@@ -282,9 +291,9 @@ def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
     k_base = K + b * skb + h * skh
     v_base = V + b * svb + h * svh
     bias_row = Bias + h * sbh
-    # partial row of this (batch, query block, head): W dbias entries, then the dtau entry
+    # partial row of this (batch, query block, head): W dbias entries
     n_m = tl.num_programs(0)
-    part_row = Part + ((b * n_m + pid_m) * H + h) * (W + 1)
+    part_row = Part + ((b * n_m + pid_m) * H + h) * W
 
     hi = tl.minimum(m0 + BLOCK, L)
     first_bias = tl.maximum(m0 - W + 1, 0)          # keys below: distance >= W for every row of the block
@@ -295,25 +304,20 @@ def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
     delta = tl.load(Delta + bh * L + offs_m, mask=rows, other=0.0)
 
     dq = tl.zeros([BLOCK, DH], tl.float32)
-    # dtau often cancels to much less than its terms: its row sums are carried in float64 (a
-    # BLOCK-vector per tile, next to nothing), which keeps it well inside the float32 floor's bound
-    dps = tl.zeros([BLOCK], tl.float64)
     carry = tl.zeros([BLOCK], tl.float32)
-    dq, dps, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
-                               delta, c, dq, dps, carry, part_row, m0, 0, bias_lo, L, W, qk_scale,
+    dq, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
+                          delta, c, dq, carry, part_row, m0, 0, bias_lo, L, W, qk_scale,
                                BLOCK_F, False, False, PREC)
-    dq, dps, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
-                               delta, c, dq, dps, carry, part_row, m0, bias_lo, diag_lo, L, W, qk_scale,
+    dq, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
+                          delta, c, dq, carry, part_row, m0, bias_lo, diag_lo, L, W, qk_scale,
                                BLOCK, True, False, PREC)
-    dq, dps, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
-                               delta, c, dq, dps, carry, part_row, m0, diag_lo, hi, L, W, qk_scale,
+    dq, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
+                          delta, c, dq, carry, part_row, m0, diag_lo, hi, L, W, qk_scale,
                                BLOCK, True, True, PREC)
     # the last tile is the diagonal one (n0 = m0): its upper part, left in carry, lies at distances < 0
 
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdql + offs_d[None, :] * sdqd,
              (dq * scale).to(DQ.dtype.element_ty), mask=rows[:, None])
-    inv = 1.0 / (offs_m + 1).to(tl.float64)
-    tl.store(part_row + W, tl.sum(tl.where(rows, dps * inv, 0.0), 0).to(tl.float32))
 
 
 @triton.jit
@@ -389,13 +393,167 @@ def _lazy_bwd_dkdv_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV,
 
 
 @triton.jit
-def _lazy_bwd_reduce_kernel(Part, DBias, DTau, R, H, W, BLOCK_W: tl.constexpr):
-    # dbias[h, :W] and dtau[h] (column W) = sum over the R = B * query-blocks partial rows of head h
+def _diag_chunks(dsT, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    # Diagonal sums of a [keys r, queries c] tile (BLOCK_N = BLOCK_M or 2 * BLOCK_M), distance c - r.
+    # Rotating row r left by r % BLOCK_M puts its distance k - BLOCK_M * chunk in column k, with
+    # chunk = r // BLOCK_M + (r % BLOCK_M + k >= BLOCK_M): chunk i holds distances -i * BLOCK_M + [0, BLOCK_M).
+    r = tl.arange(0, BLOCK_N)[:, None]
+    kk = tl.arange(0, BLOCK_M)[None, :]
+    rr = r % BLOCK_M
+    rot = tl.gather(dsT, (rr + kk) % BLOCK_M, axis=1)
+    chunk = r // BLOCK_M + (rr + kk >= BLOCK_M).to(tl.int32)
+    return (tl.sum(tl.where(chunk == 0, rot, 0.0), 0), tl.sum(tl.where(chunk == 1, rot, 0.0), 0),
+            tl.sum(tl.where(chunk == 2, rot, 0.0), 0))
+
+
+@triton.jit
+def _strip_offset(nj, L, BLOCK_N: tl.constexpr):
+    # ds is kept as one strip per key block nj: queries nj * BLOCK_N .. L-1, each a row of BLOCK_N keys
+    nj = nj + tl.zeros([], tl.int64)   # (a python int in the interpreter's loops)
+    return BLOCK_N * (nj * L - BLOCK_N * (nj * (nj - 1) // 2))
+
+
+@triton.jit
+def _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, ds_strip, tau, bias_row, sbw,
+                   part_row, offs_n, offs_d, dk, dv, ca, cb, n0, lo, hi, L, W, qk_scale,
+                   BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr,
+                   PREC: tl.constexpr):
+    # transposed tiles: rows are keys j, columns queries i
+    for m0 in range(lo, hi, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        q = _load_rows(q_base, offs_m, sql, sqd, offs_d, L)
+        g = _load_rows(do_base, offs_m, sdol, sdod, offs_d, L)
+        lse2 = tl.load(lse_base + offs_m, mask=offs_m < L, other=float("inf"))
+        delta = tl.load(delta_base + offs_m, mask=offs_m < L, other=0.0)
+        c = tau / (offs_m + 1).to(tl.float32)
+        sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
+        if BIAS:
+            sT += _bias_tile(bias_row, sbw, offs_m[None, :] - offs_n[:, None], W) * LOG2E
+        pT = tl.exp2(sT - lse2[None, :])
+        keep = pT + c[None, :] > 0
+        if CAUSAL:
+            causal = offs_m[None, :] >= offs_n[:, None]
+            pT = tl.where(causal, pT, 0.0)
+            keep = keep & causal
+        eT = tl.where(keep, pT + c[None, :], 0.0)
+        dv = tl.dot(eT.to(g.dtype), g, dv, input_precision=PREC)
+        dpT = tl.where(keep, tl.dot(v, tl.trans(g), input_precision=PREC), 0.0)
+        dsT = pT * (dpT - delta[None, :])
+        if CAUSAL:
+            dsT = tl.where(offs_m[None, :] == 0, 0.0, dsT)   # row 0: ds = 0 exactly (see _dq_range)
+        dsT16 = dsT.to(q.dtype)
+        dk = tl.dot(dsT16, q, dk, input_precision=PREC)
+        # the tile of ds, for the dq kernel (rounded as the dq dot would round it)
+        tl.store(ds_strip + (offs_m - n0)[None, :] * BLOCK_N + (offs_n - n0)[:, None], dsT16,
+                 mask=(offs_m < L)[None, :])
+        if BIAS:
+            # chunk i of this tile lies at distances m0 - n0 - i * BLOCK_M + [0, BLOCK_M); the query block
+            # steps by BLOCK_M, so the chunk at m0 - n0 - 2 * BLOCK_M is complete now: stored once
+            s0, s1, s2 = _diag_chunks(dsT, BLOCK_N, BLOCK_M)
+            dist = (m0 - n0 - 2 * BLOCK_M) + tl.arange(0, BLOCK_M)
+            tl.store(part_row + dist, ca + s2, mask=(dist >= 0) & (dist < W))
+            ca = cb + s1
+            cb = s0
+    return dk, dv, ca, cb
+
+
+@triton.jit
+def _lazy_bwd_dkdv_ds_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, DS, Part,
+                             sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
+                             sdob, sdoh, sdol, sdod, sdkb, sdkh, sdkl, sdkd, sdvb, sdvh, sdvl, sdvd,
+                             sbh, sbw, stau, H, L, W, qk_scale, scale,
+                             DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    # One pass over the query blocks of one key block, after the Delta kernel: dk, dv, a partial row of
+    # dbias, and ds itself (input dtype) for _lazy_bwd_dq_ds_kernel, so that dq needs no second
+    # pass over p and dp. BLOCK_N is BLOCK_M or 2 * BLOCK_M (three diagonal chunks per tile at most).
+    pid_n = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, DH)
+    k = _load_rows(K + b * skb + h * skh, offs_n, skl, skd, offs_d, L)
+    v = _load_rows(V + b * svb + h * svh, offs_n, svl, svd, offs_d, L)
+    q_base = Q + b * sqb + h * sqh
+    do_base = DO + b * sdob + h * sdoh
+    bh = b * H + h
+    tau = tl.load(Tau + h * stau)
+    bias_row = Bias + h * sbh
+    n_n = tl.num_programs(0)
+    part_row = Part + ((b * n_n + pid_n) * H + h) * W
+    ds_strip = DS + bh * _strip_offset(n_n, L, BLOCK_N) + _strip_offset(pid_n, L, BLOCK_N)
+
+    m_lo = (n0 // BLOCK_M) * BLOCK_M                                          # first block with i >= n0
+    diag_hi = tl.minimum(tl.cdiv(n0 + BLOCK_N, BLOCK_M) * BLOCK_M, L)         # blocks with some i < j
+    bias_hi = tl.minimum(tl.maximum(tl.cdiv(n0 + BLOCK_N - 1 + W, BLOCK_M) * BLOCK_M, diag_hi), L)
+    dk = tl.zeros([BLOCK_N, DH], tl.float32)
+    dv = tl.zeros([BLOCK_N, DH], tl.float32)
+    ca = tl.zeros([BLOCK_M], tl.float32)
+    cb = tl.zeros([BLOCK_M], tl.float32)
+    lse_base = LSE + bh * L
+    delta_base = Delta + bh * L
+    dk, dv, ca, cb = _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base,
+                                         ds_strip, tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca,
+                                         cb, n0, m_lo, diag_hi, L, W, qk_scale, BLOCK_N, BLOCK_M, True, True, PREC)
+    dk, dv, ca, cb = _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base,
+                                         ds_strip, tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca,
+                                         cb, n0, diag_hi, bias_hi, L, W, qk_scale, BLOCK_N, BLOCK_M, True, False,
+                                         PREC)
+    # the two chunks still open end at the table's edge: later tiles hold distances >= W only (m_end: the
+    # query block after the last one seen, bias_hi rounded up as the loops step)
+    m_end = m_lo + tl.cdiv(bias_hi - m_lo, BLOCK_M) * BLOCK_M
+    dist = (m_end - n0 - 2 * BLOCK_M) + tl.arange(0, BLOCK_M)
+    tl.store(part_row + dist, ca, mask=(dist >= 0) & (dist < W))
+    tl.store(part_row + dist + BLOCK_M, cb, mask=(dist + BLOCK_M >= 0) & (dist + BLOCK_M < W))
+    dk, dv, ca, cb = _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base,
+                                         ds_strip, tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca,
+                                         cb, n0, bias_hi, L, L, W, qk_scale, BLOCK_N, BLOCK_M, False, False, PREC)
+    cols = offs_n[:, None] < L
+    tl.store(DK + b * sdkb + h * sdkh + offs_n[:, None] * sdkl + offs_d[None, :] * sdkd,
+             (dk * scale).to(DK.dtype.element_ty), mask=cols)
+    tl.store(DV + b * sdvb + h * sdvh + offs_n[:, None] * sdvl + offs_d[None, :] * sdvd,
+             dv.to(DV.dtype.element_ty), mask=cols)
+
+
+@triton.jit
+def _lazy_bwd_dq_ds_kernel(K, DS, DQ, skb, skh, skl, skd, sdqb, sdqh, sdql, sdqd, H, L, scale,
+                           DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    # dq = scale * sum_j ds[i, j] k_j from the ds strips of _lazy_bwd_dkdv_ds_kernel (same BLOCK_N): a
+    # streaming GEMM over the key blocks up to the diagonal, each tile BLOCK_M contiguous rows of a strip
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, DH)
+    offs_j = tl.arange(0, BLOCK_N)
+    rows = offs_m < L
+    bh = b * H + h
+    k_base = K + b * skb + h * skh
+    ds_base = DS + bh * _strip_offset(tl.cdiv(L, BLOCK_N), L, BLOCK_N)
+    dq = tl.zeros([BLOCK_M, DH], tl.float32)
+    # key blocks nj with nj * BLOCK_N <= m0 (BLOCK_N is a multiple of BLOCK_M): every row is in the strip
+    for nj in range(0, m0 // BLOCK_N + 1):
+        n0 = nj * BLOCK_N
+        ds = tl.load(ds_base + _strip_offset(nj, L, BLOCK_N) + (offs_m - n0)[:, None] * BLOCK_N + offs_j[None, :],
+                     mask=rows[:, None], other=0.0)
+        k = _load_rows(k_base, n0 + offs_j, skl, skd, offs_d, L)
+        dq = tl.dot(ds, k, dq, input_precision=PREC)
+    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdql + offs_d[None, :] * sdqd,
+             (dq * scale).to(DQ.dtype.element_ty), mask=rows[:, None])
+
+
+@triton.jit
+def _lazy_bwd_reduce_kernel(Part, TauPart, DBias, DTau, R, R2, H, W, BLOCK_W: tl.constexpr):
+    # dbias[h, :W] = sum over the R partial rows [R, H, W] of head h; dtau[h] (column W) = sum of the R2
+    # per-query-block shares [R2, H] of the Delta kernel. Fixed order, float64 sums.
     h = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
     acc = tl.zeros([BLOCK_W], tl.float64)
     for r in range(0, R):
-        acc += tl.load(Part + (r * H + h) * (W + 1) + cols, mask=cols <= W, other=0.0).to(tl.float64)
+        acc += tl.load(Part + (r * H + h) * W + cols, mask=cols < W, other=0.0).to(tl.float64)
+    for r in range(0, R2):
+        acc += tl.load(TauPart + r * H + h + cols * 0, mask=cols == W, other=0.0).to(tl.float64)
     acc = acc.to(tl.float32)
     dst_h = h  # the output slot of this head
     # outputs start at zero and each element receives exactly one add: deterministic

@@ -10,7 +10,9 @@ import triton
 
 from .kernels import (
     _lazy_bwd_delta_kernel,
+    _lazy_bwd_dkdv_ds_kernel,
     _lazy_bwd_dkdv_kernel,
+    _lazy_bwd_dq_ds_kernel,
     _lazy_bwd_dq_kernel,
     _lazy_bwd_reduce_kernel,
     _lazy_fwd_kernel,
@@ -27,6 +29,9 @@ REDUCE_BLOCK = 128
 OVERRIDES: dict[str, dict] = {}
 # The same under the interpreter (tests of mixed block sizes on CPU).
 INTERPRET_OVERRIDES: dict[str, dict] = {}
+# The backward stores ds (about B*H*L*L/2 elements of q's dtype) and computes dq from it, unless that
+# takes more than this many bytes (env LAZY_ATTENTION_DS_BUDGET); then a dq kernel recomputes p and dp.
+DS_BUDGET_BYTES = int(os.environ.get("LAZY_ATTENTION_DS_BUDGET", 2 << 30))
 
 
 def _interpreted() -> bool:
@@ -41,7 +46,8 @@ def config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
         b = INTERPRET_BLOCK
         return {"lse": {"BLOCK_M": b, "BLOCK_L": b}, "fwd": {"BLOCK_M": b, "BLOCK_N": b},
                 "delta": {"BLOCK_M": b, "BLOCK_N": b},
-                "dq": {"BLOCK": b, "BLOCK_F": b}, "dkdv": {"BLOCK_M": b, "BLOCK_N": b}}[kernel]
+                "dq": {"BLOCK": b, "BLOCK_F": b}, "dkdv": {"BLOCK_M": b, "BLOCK_N": b},
+                "dkdv_ds": {"BLOCK_M": b, "BLOCK_N": 2 * b}, "dq_ds": {"BLOCK_M": b}}[kernel]
     return gpu_config(kernel, dh, dtype)
 
 
@@ -55,7 +61,9 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
                 "fwd": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
                 "delta": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
                 "dq": {"BLOCK": 32, "BLOCK_F": 32, "num_warps": 4, "num_stages": 1},
-                "dkdv": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}}[kernel]
+                "dkdv": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+                "dkdv_ds": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+                "dq_ds": {"BLOCK_M": 32, "num_warps": 4, "num_stages": 2}}[kernel]
     # 16-bit inputs (Hopper, wgmma): the fastest of two sweeps at B=4, H=16, L=4096, W=512 on an H200
     # (.scratch sweep, each kernel timed alone with triton.testing.do_bench, outputs checked against the
     # previous config's). Dh=128 (ms):
@@ -78,17 +86,27 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
     # The LSE pass as a kernel of its own (H100, forward alone): 64x64 tiles, 4 warps, 3 stages 1.61 ms
     # vs 1.71 for the one-kernel forward; 128x64 with 8 warps 1.64 (3 or 4 stages); 128-key blocks
     # 1.80-1.85. The output kernel keeps 128x64, 8 warps, 2 stages (3 stages 1.64, 128x128 1.70).
+    # The ds path (H100, fwd+bwd, .scratch/lazy_ds_ab.py, SDPA 2.09 and the recompute path 6.12 in the same
+    # run): dk/dv+ds 32x64 (queries x keys), 4 warps, 1 stage 5.05 ms; 2 stages 5.71; 64x128 with 8 warps,
+    # 1 stage 5.82 (132 spills), 2 stages 5.91. dq from ds: 64-row tiles, 4 warps, 3 stages (0.47 ms);
+    # 128-row with 8 warps the same. In the 64x128 kernel (timed alone, .scratch/lazy_diag.py) the ds store
+    # cost 0.47 ms, the dbias chunks 0.32 and dtau (float64 column sums) 1.08, hence dtau moved to Delta.
+    # Dh <= 64 takes the same ds-path tiles (not timed).
     if dh <= 64:
         return {"lse": {"BLOCK_M": 64, "BLOCK_L": 128, "num_warps": 4, "num_stages": 3},
                 "fwd": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
                 "delta": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
                 "dq": {"BLOCK": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
-                "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}}[kernel]
+                "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
+                "dkdv_ds": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
+                "dq_ds": {"BLOCK_M": 64, "num_warps": 4, "num_stages": 3}}[kernel]
     return {"lse": {"BLOCK_M": 64, "BLOCK_L": 64, "num_warps": 4, "num_stages": 3},
             "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
             "delta": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
             "dq": {"BLOCK": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
-            "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 1}}[kernel]
+            "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 1},
+            "dkdv_ds": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
+            "dq_ds": {"BLOCK_M": 64, "num_warps": 4, "num_stages": 3}}[kernel]
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -147,39 +165,46 @@ def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, ls
     dv = torch.empty((B, H, L, DH), dtype=v.dtype, device=dev)
     delta = torch.empty((B, H, L), dtype=torch.float32, device=dev)
 
-    launch_delta(q, k, v, bias, tau, lse, do, scale, delta)
-    # both read the Delta written just before
-    part = launch_dq(q, k, v, bias, tau, lse, do, scale, delta, dq)
-    launch_dkdv(q, k, v, bias, tau, lse, do, scale, delta, dk, dv)
+    tau_part = launch_delta(q, k, v, bias, tau, lse, do, scale, delta)
+    if ds_bytes(q) <= DS_BUDGET_BYTES:
+        part = launch_ds_path(q, k, v, bias, tau, lse, do, scale, delta, dq, dk, dv)
+    else:
+        # both read the Delta written just before
+        part = launch_dq(q, k, v, bias, tau, lse, do, scale, delta, dq)
+        launch_dkdv(q, k, v, bias, tau, lse, do, scale, delta, dk, dv)
 
     dbias = torch.zeros((H, W), dtype=torch.float32, device=dev)
     dtau = torch.zeros((H,), dtype=torch.float32, device=dev)
-    bw = REDUCE_BLOCK   # (H, W/128) programs, each summing the partial rows in a fixed order
-    _lazy_bwd_reduce_kernel[(H, triton.cdiv(W + 1, bw))](part, dbias, dtau, part.shape[0], H, W, BLOCK_W=bw)
+    bw = REDUCE_BLOCK   # (H, (W+1)/128) programs, each summing the partial rows in a fixed order
+    _lazy_bwd_reduce_kernel[(H, triton.cdiv(W + 1, bw))](part, tau_part, dbias, dtau, part.shape[0],
+                                                         tau_part.shape[0], H, W, BLOCK_W=bw)
     return dq, dk, dv, dbias, dtau
 
 
 def launch_delta(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
-                 scale: float, delta: Tensor) -> None:
-    """Runs the Delta kernel: delta [B, H, L] = sum_j p dp, float32."""
+                 scale: float, delta: Tensor) -> Tensor:
+    """Runs the Delta kernel: delta [B, H, L] = sum_j p dp, float32; returns the dtau shares [B * n_m, H]."""
     B, H, L, DH = q.shape
     W = bias.shape[1]
     cd = config("delta", DH, q.dtype)
-    _lazy_bwd_delta_kernel[(triton.cdiv(L, cd["BLOCK_M"]), H, B)](
-        q, k, v, do, bias, tau, lse, delta, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+    n_m = triton.cdiv(L, cd["BLOCK_M"])
+    tau_part = torch.empty((B * n_m, H), dtype=torch.float32, device=q.device)
+    _lazy_bwd_delta_kernel[(n_m, H, B)](
+        q, k, v, do, bias, tau, lse, delta, tau_part, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
         bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E,
         DH=DH, BLOCK_M=cd["BLOCK_M"], BLOCK_N=cd["BLOCK_N"], PREC=_precision(q.dtype), **_launch_opts(cd))
+    return tau_part
 
 
 def launch_dq(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
               scale: float, delta: Tensor, dq: Tensor) -> Tensor:
-    """Runs the dq kernel (reads delta, writes dq); returns the partial rows [B * n_m, H, W + 1]."""
+    """Runs the dq kernel (reads delta, writes dq); returns the dbias partial rows [B * n_m, H, W]."""
     B, H, L, DH = q.shape
     W = bias.shape[1]
     cq = config("dq", DH, q.dtype)
     n_m = triton.cdiv(L, cq["BLOCK"])
-    # one partial row per (batch, query block, head): W dbias sums, then the dtau sum
-    part = torch.zeros((B * n_m, H, W + 1), dtype=torch.float32, device=q.device)
+    # one partial row of W dbias sums per (batch, query block, head)
+    part = torch.zeros((B * n_m, H, W), dtype=torch.float32, device=q.device)
     _lazy_bwd_dq_kernel[(n_m, H, B)](
         q, k, v, do, bias, tau, lse, delta, dq, part, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
         *dq.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E, scale,
@@ -199,6 +224,40 @@ def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse:
         *dk.stride(), *dv.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W,
         scale * LOG2E, scale, DH=DH, BLOCK_M=ckv["BLOCK_M"], BLOCK_N=ckv["BLOCK_N"], PREC=_precision(q.dtype),
         **_launch_opts(ckv))
+
+
+def ds_bytes(q: Tensor) -> int:
+    """Bytes of the ds strips of the one-pass dk/dv kernel: B*H strips of BLOCK_N keys x the queries from
+    each key block on (about half of B*H*L*L elements, in q's dtype)."""
+    B, H, L, DH = q.shape
+    bn = config("dkdv_ds", DH, q.dtype)["BLOCK_N"]
+    n_n = triton.cdiv(L, bn)
+    return B * H * bn * (n_n * L - bn * n_n * (n_n - 1) // 2) * q.element_size()
+
+
+def launch_ds_path(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
+                   scale: float, delta: Tensor, dq: Tensor, dk: Tensor, dv: Tensor) -> Tensor:
+    """dk, dv, dbias partials and ds in one pass over p and dp, then dq as a GEMM over the stored ds;
+    returns the dbias partial rows [B * n_n, H, W]."""
+    B, H, L, DH = q.shape
+    W = bias.shape[1]
+    ck, cq = config("dkdv_ds", DH, q.dtype), config("dq_ds", DH, q.dtype)
+    bn = ck["BLOCK_N"]
+    if ck["BLOCK_M"] not in (bn, bn // 2) or bn % cq["BLOCK_M"]:
+        raise ValueError(f"dkdv_ds BLOCK_N ({bn}) must be BLOCK_M or 2 * BLOCK_M and a multiple of dq_ds BLOCK_M; "
+                         f"got {ck} and {cq}")
+    n_n = triton.cdiv(L, bn)
+    part = torch.zeros((B * n_n, H, W), dtype=torch.float32, device=q.device)
+    ds = torch.empty((ds_bytes(q) // q.element_size(),), dtype=q.dtype, device=q.device)
+    _lazy_bwd_dkdv_ds_kernel[(n_n, H, B)](
+        q, k, v, do, bias, tau, lse, delta, dk, dv, ds, part, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        *dk.stride(), *dv.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W,
+        scale * LOG2E, scale, DH=DH, BLOCK_M=ck["BLOCK_M"], BLOCK_N=bn, PREC=_precision(q.dtype),
+        **_launch_opts(ck))
+    _lazy_bwd_dq_ds_kernel[(triton.cdiv(L, cq["BLOCK_M"]), H, B)](
+        k, ds, dq, *k.stride(), *dq.stride(), H, L, scale, DH=DH, BLOCK_M=cq["BLOCK_M"], BLOCK_N=bn,
+        PREC=_precision(q.dtype), **_launch_opts(cq))
+    return part
 
 
 class LazyAttentionFn(torch.autograd.Function):

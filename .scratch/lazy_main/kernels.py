@@ -1,0 +1,403 @@
+"""Triton kernels of ``lazy_attention`` (specs/lazy_attention.md).
+
+Scores are kept in log2 units, s2 = log2(e) * (scale q.k + bias[i-j]), so every exponential is an
+exp2; ``LSE`` stores lse2 = log2(sum_j 2^s2) (float32) for the backward. Each key/query loop is split
+in three ranges of blocks: far from the diagonal (distance >= W everywhere: no bias gather, no mask),
+inside the bias table (gather bias by distance), and on the diagonal (gather + causal mask).
+
+Forward: ``_lazy_fwd_lse_kernel`` (the LSE pass per query block, head and batch), then
+``_lazy_fwd_kernel`` (the output pass).
+
+Backward: ``_lazy_bwd_delta_kernel`` (per query block, Delta_i = sum_j p dp from float32 p and dp so
+that dbias and dtau keep float32 accuracy with 16-bit inputs), ``_lazy_bwd_dq_kernel`` (dq and a partial
+row of dbias and dtau per query block), ``_lazy_bwd_dkdv_kernel`` (dk, dv), ``_lazy_bwd_reduce_kernel``
+(sums the partial rows: deterministic, one add per output element). Every tensor is addressed with its
+own strides, dO's head stride included.
+
+What the bias costs (H100, bf16, B=4, H=16, L=4096, Dh=128, torch.profiler): W = 512 against W = 1 adds
+about 1.06 ms to fwd+bwd, 0.3 in the forward, 0.59 in dq (0.16 of it the diagonal sums of dbias), 0.13
+in dk/dv and 0.07 in Delta. Reading it from a Toeplitz table (contiguous loads from L2, pipelined)
+instead of the gather made the forward 0.05 ms faster and the backward 0.35 ms slower (branch
+lazy-bias-table).
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _load_rows(base, offs, s_row, s_col, offs_d, L):
+    return tl.load(base + offs[:, None] * s_row + offs_d[None, :] * s_col, mask=offs[:, None] < L, other=0.0)
+
+
+@triton.jit
+def _bias_tile(bias_row, sbw, dist, W):
+    # bias by distance i - j; 0 outside the table (W is not a window: attention stays causal)
+    return tl.load(bias_row + dist * sbw, mask=(dist >= 0) & (dist < W), other=0.0)
+
+
+@triton.jit
+def _scores(q, k, offs_m, offs_n, bias_row, sbw, W, qk_scale, BIAS: tl.constexpr, PREC: tl.constexpr):
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    if BIAS:
+        s += _bias_tile(bias_row, sbw, offs_m[:, None] - offs_n[None, :], W) * LOG2E
+    return s
+
+
+@triton.jit
+def _fwd_lse_range(q, k_base, skl, skd, bias_row, sbw, offs_m, offs_d, m_i, l_i, lo, hi, L, W, qk_scale,
+                   BLOCK_N: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_base, offs_n, skl, skd, offs_d, L)
+        s = _scores(q, k, offs_m, offs_n, bias_row, sbw, W, qk_scale, BIAS, PREC)
+        if CAUSAL:
+            s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        l_i = l_i * tl.exp2(m_i - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
+        m_i = m_new
+    return m_i, l_i
+
+
+@triton.jit
+def _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, acc,
+                   lo, hi, L, W, qk_scale, BLOCK_N: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr,
+                   PREC: tl.constexpr):
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_base, offs_n, skl, skd, offs_d, L)
+        v = _load_rows(v_base, offs_n, svl, svd, offs_d, L)
+        s = _scores(q, k, offs_m, offs_n, bias_row, sbw, W, qk_scale, BIAS, PREC)
+        p = tl.exp2(s - lse2[:, None])
+        keep = p + c[:, None] > 0
+        if CAUSAL:
+            # with tau > 0, p + c = c > 0 above the diagonal: the mask applies to e as well
+            causal = offs_n[None, :] <= offs_m[:, None]
+            p = tl.where(causal, p, 0.0)
+            keep = keep & causal
+        e = tl.where(keep, p + c[:, None], 0.0)
+        acc = tl.dot(e.to(v.dtype), v, acc, input_precision=PREC)
+    return acc
+
+
+@triton.jit
+def _lazy_fwd_lse_kernel(Q, K, Bias, LSE, sqb, sqh, sql, sqd, skb, skh, skl, skd, sbh, sbw, H, L, W, qk_scale,
+                         DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_L: tl.constexpr, PREC: tl.constexpr):
+    # The LSE pass, a kernel of its own: without the output accumulator it needs far fewer registers
+    # than the output pass, so more programs share an SM (and it takes its own tile shape).
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, DH)
+    q = _load_rows(Q + b * sqb + h * sqh, offs_m, sql, sqd, offs_d, L)
+    k_base = K + b * skb + h * skh
+    bias_row = Bias + h * sbh
+    hi = tl.minimum(m0 + BLOCK_M, L)
+    first_bias = tl.maximum(m0 - W + 1, 0)                        # keys below: distance >= W for every row
+    bias_l = (first_bias // BLOCK_L) * BLOCK_L
+    diag_l = (m0 // BLOCK_L) * BLOCK_L
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    m_i, l_i = _fwd_lse_range(q, k_base, skl, skd, bias_row, sbw, offs_m, offs_d, m_i, l_i, 0, bias_l,
+                              L, W, qk_scale, BLOCK_L, False, False, PREC)
+    m_i, l_i = _fwd_lse_range(q, k_base, skl, skd, bias_row, sbw, offs_m, offs_d, m_i, l_i, bias_l, diag_l,
+                              L, W, qk_scale, BLOCK_L, True, False, PREC)
+    m_i, l_i = _fwd_lse_range(q, k_base, skl, skd, bias_row, sbw, offs_m, offs_d, m_i, l_i, diag_l, hi,
+                              L, W, qk_scale, BLOCK_L, True, True, PREC)
+    tl.store(LSE + (b * H + h) * L + offs_m, m_i + tl.log2(l_i), mask=offs_m < L)
+
+
+@triton.jit
+def _lazy_fwd_kernel(Q, K, V, Bias, Tau, LSE, O,
+                     sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd, sob, soh, sol, sod,
+                     sbh, sbw, stau, H, L, W, qk_scale,
+                     DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    # The output pass, from the LSE kernel's lse2
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, DH)
+    rows = offs_m < L
+    q = _load_rows(Q + b * sqb + h * sqh, offs_m, sql, sqd, offs_d, L)
+    k_base = K + b * skb + h * skh
+    v_base = V + b * svb + h * svh
+    bias_row = Bias + h * sbh
+    c = tl.load(Tau + h * stau) / (offs_m + 1).to(tl.float32)
+    # padded rows: lse = +inf makes p = 0 there
+    lse2 = tl.load(LSE + (b * H + h) * L + offs_m, mask=rows, other=float("inf"))
+
+    hi = tl.minimum(m0 + BLOCK_M, L)
+    first_bias = tl.maximum(m0 - W + 1, 0)                        # keys below: distance >= W for every row
+    bias_lo = (first_bias // BLOCK_N) * BLOCK_N                   # first key block with distance < W
+    diag_lo = (m0 // BLOCK_N) * BLOCK_N                           # first key block with some j > i
+    acc = tl.zeros([BLOCK_M, DH], tl.float32)
+    acc = _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, acc,
+                         0, bias_lo, L, W, qk_scale, BLOCK_N, False, False, PREC)
+    acc = _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, acc,
+                         bias_lo, diag_lo, L, W, qk_scale, BLOCK_N, True, False, PREC)
+    acc = _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, acc,
+                         diag_lo, hi, L, W, qk_scale, BLOCK_N, True, True, PREC)
+    tl.store(O + b * sob + h * soh + offs_m[:, None] * sol + offs_d[None, :] * sod,
+             acc.to(O.dtype.element_ty), mask=rows[:, None])
+
+
+@triton.jit
+def _diag_sums(ds, BLOCK: tl.constexpr):
+    # Sums of a square tile along its diagonals: lo[k] over i - j == k, hi[k] over i - j == k - BLOCK.
+    # Row i is rotated by i (a register gather), which puts diagonal k (or k - BLOCK) in column k.
+    ii = tl.arange(0, BLOCK)[:, None]
+    kk = tl.arange(0, BLOCK)[None, :]
+    rot = tl.gather(ds, (ii - kk + BLOCK) % BLOCK, axis=1)
+    lower = ii >= kk
+    return tl.sum(tl.where(lower, rot, 0.0), 0), tl.sum(tl.where(lower, 0.0, rot), 0)
+
+
+@triton.jit
+def _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale,
+          BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
+    # p (float32) and dp = m * (g . v) of one [query, key] tile, as the Delta and dq passes both need
+    s = _scores(q, k, offs_m, offs_n, bias_row, sbw, W, qk_scale, BIAS, PREC)
+    p = tl.exp2(s - lse2[:, None])
+    keep = p + c[:, None] > 0
+    if CAUSAL:
+        causal = offs_n[None, :] <= offs_m[:, None]
+        p = tl.where(causal, p, 0.0)
+        keep = keep & causal
+    dp = tl.where(keep, tl.dot(g, tl.trans(v), input_precision=PREC), 0.0)
+    return p, dp
+
+
+@triton.jit
+def _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta,
+                 lo, hi, L, W, qk_scale,
+                 BLOCK: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
+    for n0 in range(lo, hi, BLOCK):
+        offs_n = n0 + tl.arange(0, BLOCK)
+        k = _load_rows(k_base, offs_n, skl, skd, offs_d, L)
+        v = _load_rows(v_base, offs_n, svl, svd, offs_d, L)
+        p, dp = _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale, BIAS, CAUSAL, PREC)
+        delta += tl.sum(p * dp, 1)
+    return delta
+
+
+@triton.jit
+def _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, delta, c,
+              dq, dps, carry, part_row, m0, lo, hi, L, W, qk_scale,
+              BLOCK: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
+    for n0 in range(lo, hi, BLOCK):
+        offs_n = n0 + tl.arange(0, BLOCK)
+        k = _load_rows(k_base, offs_n, skl, skd, offs_d, L)
+        v = _load_rows(v_base, offs_n, svl, svd, offs_d, L)
+        p, dp = _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale, BIAS, CAUSAL, PREC)
+        ds = p * (dp - delta[:, None])
+        if CAUSAL:
+            # row 0 has one key: p = 1 and ds = 0 exactly; rounding of p would leave noise where the
+            # true gradient is exactly zero (all of dq, dk and dbias when L = 1)
+            ds = tl.where(offs_m[:, None] == 0, 0.0, ds)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
+        dps += tl.sum(dp, 1).to(tl.float64)
+        if BIAS:
+            # tile (m0, n0) covers distances m0 - n0 + [-BLOCK, BLOCK); consecutive key blocks shift by
+            # BLOCK, so the chunk [m0-n0, m0-n0+BLOCK) is complete once this tile's lower part is added
+            # to the previous tile's upper part: each chunk is stored exactly once (no read-modify-write)
+            lo_s, hi_s = _diag_sums(ds, BLOCK)
+            dist = (m0 - n0) + tl.arange(0, BLOCK)
+            tl.store(part_row + dist, lo_s + carry, mask=(dist >= 0) & (dist < W))
+            carry = hi_s
+    return dq, dps, carry
+
+
+@triton.jit
+def _bwd_rows(Q, DO, LSE, Tau, b, h, bh, offs_m, offs_d, sqb, sqh, sql, sqd, sdob, sdoh, sdol, sdod, stau, L):
+    """A query block's q, dO, lse2 and c = tau / (i + 1), as the Delta and dq kernels both start."""
+    q = _load_rows(Q + b * sqb + h * sqh, offs_m, sql, sqd, offs_d, L)
+    g = _load_rows(DO + b * sdob + h * sdoh, offs_m, sdol, sdod, offs_d, L)
+    # padded rows: lse = +inf makes p = 0 there, so they add nothing to any sum
+    lse2 = tl.load(LSE + bh * L + offs_m, mask=offs_m < L, other=float("inf"))
+    c = tl.load(Tau + h * stau) / (offs_m + 1).to(tl.float32)
+    return q, g, lse2, c
+
+
+@triton.jit
+def _lazy_bwd_delta_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta,
+                           sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
+                           sdob, sdoh, sdol, sdod, sbh, sbw, stau, H, L, W, qk_scale,
+                           DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    # Delta_i = sum_j p dp over the key blocks of one query block, from float32 p and dp. A kernel of its
+    # own: without the dq kernel's [BLOCK, DH] accumulator its key and value loads can be pipelined.
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, DH)
+    rows = offs_m < L
+    bh = b * H + h
+    q, g, lse2, c = _bwd_rows(Q, DO, LSE, Tau, b, h, bh, offs_m, offs_d, sqb, sqh, sql, sqd,
+                              sdob, sdoh, sdol, sdod, stau, L)
+    k_base = K + b * skb + h * skh
+    v_base = V + b * svb + h * svh
+    bias_row = Bias + h * sbh
+    hi = tl.minimum(m0 + BLOCK_M, L)
+    first_bias = tl.maximum(m0 - W + 1, 0)          # keys below: distance >= W for every row of the block
+    bias_d = (first_bias // BLOCK_N) * BLOCK_N
+    diag_d = (m0 // BLOCK_N) * BLOCK_N
+    delta = tl.zeros([BLOCK_M], tl.float32)
+    delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
+                         delta, 0, bias_d, L, W, qk_scale, BLOCK_N, False, False, PREC)
+    delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
+                         delta, bias_d, diag_d, L, W, qk_scale, BLOCK_N, True, False, PREC)
+    delta = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
+                         delta, diag_d, hi, L, W, qk_scale, BLOCK_N, True, True, PREC)
+    tl.store(Delta + bh * L + offs_m, delta, mask=rows)
+
+
+@triton.jit
+def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
+                        sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
+                        sdob, sdoh, sdol, sdod, sdqb, sdqh, sdql, sdqd,
+                        sbh, sbw, stau, H, L, W, qk_scale, scale,
+                        DH: tl.constexpr, BLOCK: tl.constexpr, BLOCK_F: tl.constexpr, PREC: tl.constexpr):
+    # One pass over the key blocks of one query block, after the Delta kernel (Delta_i = sum_j p dp; not
+    # g_i . o_i, rows of e need not sum to one): dq and the dbias/dtau partial row.
+    # BLOCK: query rows, and the key block wherever the bias table or the diagonal is met (the dbias
+    # diagonal sums need square tiles); BLOCK_F: key block far from the diagonal (distance >= W: no
+    # dbias, no mask, any tile shape).
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    m0 = pid_m * BLOCK
+    offs_m = m0 + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, DH)
+    rows = offs_m < L
+    bh = b * H + h
+    q, g, lse2, c = _bwd_rows(Q, DO, LSE, Tau, b, h, bh, offs_m, offs_d, sqb, sqh, sql, sqd,
+                              sdob, sdoh, sdol, sdod, stau, L)
+    k_base = K + b * skb + h * skh
+    v_base = V + b * svb + h * svh
+    bias_row = Bias + h * sbh
+    # partial row of this (batch, query block, head): W dbias entries, then the dtau entry
+    n_m = tl.num_programs(0)
+    part_row = Part + ((b * n_m + pid_m) * H + h) * (W + 1)
+
+    hi = tl.minimum(m0 + BLOCK, L)
+    first_bias = tl.maximum(m0 - W + 1, 0)          # keys below: distance >= W for every row of the block
+    # far range in BLOCK_F blocks up to a multiple of both BLOCK_F and BLOCK (powers of two), then
+    # square BLOCK tiles from there to the diagonal
+    bias_lo = (((first_bias // BLOCK_F) * BLOCK_F) // BLOCK) * BLOCK
+    diag_lo = m0
+    delta = tl.load(Delta + bh * L + offs_m, mask=rows, other=0.0)
+
+    dq = tl.zeros([BLOCK, DH], tl.float32)
+    # dtau often cancels to much less than its terms: its row sums are carried in float64 (a
+    # BLOCK-vector per tile, next to nothing), which keeps it well inside the float32 floor's bound
+    dps = tl.zeros([BLOCK], tl.float64)
+    carry = tl.zeros([BLOCK], tl.float32)
+    dq, dps, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
+                               delta, c, dq, dps, carry, part_row, m0, 0, bias_lo, L, W, qk_scale,
+                               BLOCK_F, False, False, PREC)
+    dq, dps, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
+                               delta, c, dq, dps, carry, part_row, m0, bias_lo, diag_lo, L, W, qk_scale,
+                               BLOCK, True, False, PREC)
+    dq, dps, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
+                               delta, c, dq, dps, carry, part_row, m0, diag_lo, hi, L, W, qk_scale,
+                               BLOCK, True, True, PREC)
+    # the last tile is the diagonal one (n0 = m0): its upper part, left in carry, lies at distances < 0
+
+    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdql + offs_d[None, :] * sdqd,
+             (dq * scale).to(DQ.dtype.element_ty), mask=rows[:, None])
+    inv = 1.0 / (offs_m + 1).to(tl.float64)
+    tl.store(part_row + W, tl.sum(tl.where(rows, dps * inv, 0.0), 0).to(tl.float32))
+
+
+@triton.jit
+def _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau, bias_row, sbw,
+                offs_n, offs_d, dk, dv, lo, hi, L, W, qk_scale,
+                BLOCK_M: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
+    # transposed tiles: rows are keys j, columns queries i
+    for m0 in range(lo, hi, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        q = _load_rows(q_base, offs_m, sql, sqd, offs_d, L)
+        g = _load_rows(do_base, offs_m, sdol, sdod, offs_d, L)
+        lse2 = tl.load(lse_base + offs_m, mask=offs_m < L, other=float("inf"))
+        delta = tl.load(delta_base + offs_m, mask=offs_m < L, other=0.0)
+        c = tau / (offs_m + 1).to(tl.float32)
+        sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
+        if BIAS:
+            sT += _bias_tile(bias_row, sbw, offs_m[None, :] - offs_n[:, None], W) * LOG2E
+        pT = tl.exp2(sT - lse2[None, :])
+        keep = pT + c[None, :] > 0
+        if CAUSAL:
+            causal = offs_m[None, :] >= offs_n[:, None]
+            pT = tl.where(causal, pT, 0.0)
+            keep = keep & causal
+        eT = tl.where(keep, pT + c[None, :], 0.0)
+        dv = tl.dot(eT.to(g.dtype), g, dv, input_precision=PREC)
+        dpT = tl.where(keep, tl.dot(v, tl.trans(g), input_precision=PREC), 0.0)
+        dsT = pT * (dpT - delta[None, :])
+        if CAUSAL:
+            dsT = tl.where(offs_m[None, :] == 0, 0.0, dsT)   # row 0: ds = 0 exactly (see _dq_range)
+        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PREC)
+    return dk, dv
+
+
+@triton.jit
+def _lazy_bwd_dkdv_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV,
+                          sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
+                          sdob, sdoh, sdol, sdod, sdkb, sdkh, sdkl, sdkd, sdvb, sdvh, sdvl, sdvd,
+                          sbh, sbw, stau, H, L, W, qk_scale, scale,
+                          DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    pid_n = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, DH)
+    k = _load_rows(K + b * skb + h * skh, offs_n, skl, skd, offs_d, L)
+    v = _load_rows(V + b * svb + h * svh, offs_n, svl, svd, offs_d, L)
+    q_base = Q + b * sqb + h * sqh
+    do_base = DO + b * sdob + h * sdoh
+    bh = b * H + h
+    tau = tl.load(Tau + h * stau)
+    bias_row = Bias + h * sbh
+
+    m_lo = (n0 // BLOCK_M) * BLOCK_M                                          # first block with i >= n0
+    diag_hi = tl.minimum(tl.cdiv(n0 + BLOCK_N, BLOCK_M) * BLOCK_M, L)         # blocks with some i < j
+    bias_hi = tl.minimum(tl.maximum(tl.cdiv(n0 + BLOCK_N - 1 + W, BLOCK_M) * BLOCK_M, diag_hi), L)
+    dk = tl.zeros([BLOCK_N, DH], tl.float32)
+    dv = tl.zeros([BLOCK_N, DH], tl.float32)
+    dk, dv = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, LSE + bh * L, Delta + bh * L, tau,
+                         bias_row, sbw, offs_n, offs_d, dk, dv, m_lo, diag_hi, L, W, qk_scale,
+                         BLOCK_M, True, True, PREC)
+    dk, dv = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, LSE + bh * L, Delta + bh * L, tau,
+                         bias_row, sbw, offs_n, offs_d, dk, dv, diag_hi, bias_hi, L, W, qk_scale,
+                         BLOCK_M, True, False, PREC)
+    dk, dv = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, LSE + bh * L, Delta + bh * L, tau,
+                         bias_row, sbw, offs_n, offs_d, dk, dv, bias_hi, L, L, W, qk_scale,
+                         BLOCK_M, False, False, PREC)
+    cols = offs_n[:, None] < L
+    tl.store(DK + b * sdkb + h * sdkh + offs_n[:, None] * sdkl + offs_d[None, :] * sdkd,
+             (dk * scale).to(DK.dtype.element_ty), mask=cols)
+    tl.store(DV + b * sdvb + h * sdvh + offs_n[:, None] * sdvl + offs_d[None, :] * sdvd,
+             dv.to(DV.dtype.element_ty), mask=cols)
+
+
+@triton.jit
+def _lazy_bwd_reduce_kernel(Part, DBias, DTau, R, H, W, BLOCK_W: tl.constexpr):
+    # dbias[h, :W] and dtau[h] (column W) = sum over the R = B * query-blocks partial rows of head h
+    h = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    acc = tl.zeros([BLOCK_W], tl.float64)
+    for r in range(0, R):
+        acc += tl.load(Part + (r * H + h) * (W + 1) + cols, mask=cols <= W, other=0.0).to(tl.float64)
+    acc = acc.to(tl.float32)
+    dst_h = h  # the output slot of this head
+    # outputs start at zero and each element receives exactly one add: deterministic
+    tl.atomic_add(DBias + dst_h * W + cols, acc, mask=cols < W)
+    tl.atomic_add(DTau + dst_h + cols * 0, acc, mask=cols == W)

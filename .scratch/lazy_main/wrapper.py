@@ -1,0 +1,225 @@
+"""Launch helpers, the autograd Function and ``lazy_attention_triton`` (specs/lazy_attention.md)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+
+from .kernels import (
+    _lazy_bwd_delta_kernel,
+    _lazy_bwd_dkdv_kernel,
+    _lazy_bwd_dq_kernel,
+    _lazy_bwd_reduce_kernel,
+    _lazy_fwd_kernel,
+    _lazy_fwd_lse_kernel,
+)
+
+Tensor = torch.Tensor
+LOG2E = 1.4426950408889634
+HEAD_DIMS = (16, 32, 64, 128)
+# Under the interpreter every block is 16, so that CPU-sized L spans several blocks.
+INTERPRET_BLOCK = 16
+REDUCE_BLOCK = 128
+# Per-kernel launch settings can be replaced here (the GPU benchmark script sweeps them).
+OVERRIDES: dict[str, dict] = {}
+# The same under the interpreter (tests of mixed block sizes on CPU).
+INTERPRET_OVERRIDES: dict[str, dict] = {}
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
+    """Block sizes and launch options of ``kernel`` ("lse", "fwd", "delta", "dq", "dkdv") for head dim ``dh``."""
+    if _interpreted():
+        if kernel in INTERPRET_OVERRIDES:
+            return dict(INTERPRET_OVERRIDES[kernel])
+        b = INTERPRET_BLOCK
+        return {"lse": {"BLOCK_M": b, "BLOCK_L": b}, "fwd": {"BLOCK_M": b, "BLOCK_N": b},
+                "delta": {"BLOCK_M": b, "BLOCK_N": b},
+                "dq": {"BLOCK": b, "BLOCK_F": b}, "dkdv": {"BLOCK_M": b, "BLOCK_N": b}}[kernel]
+    return gpu_config(kernel, dh, dtype)
+
+
+def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
+    """The compiled (GPU) launch settings, also what aot.py compiles."""
+    if kernel in OVERRIDES:
+        return dict(OVERRIDES[kernel])
+    if dtype == torch.float32:
+        # ieee fp32 dots run on the FMA units: small tiles keep registers (and ptxas time) in bounds
+        return {"lse": {"BLOCK_M": 32, "BLOCK_L": 32, "num_warps": 4, "num_stages": 1},
+                "fwd": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+                "delta": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+                "dq": {"BLOCK": 32, "BLOCK_F": 32, "num_warps": 4, "num_stages": 1},
+                "dkdv": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}}[kernel]
+    # 16-bit inputs (Hopper, wgmma): the fastest of two sweeps at B=4, H=16, L=4096, W=512 on an H200
+    # (.scratch sweep, each kernel timed alone with triton.testing.do_bench, outputs checked against the
+    # previous config's). Dh=128 (ms):
+    #   fwd 128x64 (LSE pass in 128-key blocks), 8 warps, 2 stages 1.75; 64-key LSE blocks, 3 stages 1.82;
+    #     1 stage 1.76; 4-warp 64-row tiles 2.15-2.26; 128x128 tiles 1.95 (3+ stages overflow shared memory).
+    #   dq 128-row tiles, 8 warps, 1 stage 3.10; 64-row tiles with 4 warps, 3 stages 3.44 (2 or 4 stages, or
+    #     128-key Delta/far blocks 3.43-3.74); 64-row tiles with 8 warps 3.80-4.33; 128-row tiles with 2+
+    #     stages overflow shared memory.
+    #   dk/dv 64x128 (queries x keys), 8 warps, 1 stage 1.87; 2 stages 2.33; 3 stages 2.39; 32x128 2.6;
+    #     4 warps 6.1-9.3 (register spills); 64x64 3.5-3.8; 128x64 3.06.
+    # Dh=64: fwd 64x64 tiles with 4 warps 1.26 vs 1.54 for 128x64; dq 64-row tiles, 4 warps 1.81 vs 2.6-2.8
+    # for wider blocks (128-row, 2 stages included); dk/dv 64x128, 8 warps, 2 stages 1.47 vs 1.76-2.4
+    # (1-stage dq/dk/dv configs not measured at Dh=64). Dh=16/32 take the Dh=64 settings (not swept).
+    # The Delta pass was then inside the dq kernel (1 stage, BLOCK_D = 64 keys); as a kernel of its own it
+    # takes the forward's tiles with pipelined loads. Retimed on an H100 with the Delta kernel (fwd+bwd,
+    # .scratch/lazy_cfg.py): dq 64-row tiles, 4 warps, 3 stages 6.29 vs 6.52 for 128-row tiles with 8
+    # warps and 1 stage (255 registers and 300 B of spills; the 64-row kernel spills 28 B); 2 or 4 stages
+    # 6.33-6.38; 32-key far blocks 6.47; 32-row tiles 7.10. Delta 128x64 with 4 stages the same as 3;
+    # dk/dv 32x128 (7.20), 64x64 (6.83) and 32x64 (7.09) all slower than 64x128.
+    # The LSE pass as a kernel of its own (H100, forward alone): 64x64 tiles, 4 warps, 3 stages 1.61 ms
+    # vs 1.71 for the one-kernel forward; 128x64 with 8 warps 1.64 (3 or 4 stages); 128-key blocks
+    # 1.80-1.85. The output kernel keeps 128x64, 8 warps, 2 stages (3 stages 1.64, 128x128 1.70).
+    if dh <= 64:
+        return {"lse": {"BLOCK_M": 64, "BLOCK_L": 128, "num_warps": 4, "num_stages": 3},
+                "fwd": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+                "delta": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+                "dq": {"BLOCK": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
+                "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}}[kernel]
+    return {"lse": {"BLOCK_M": 64, "BLOCK_L": 64, "num_warps": 4, "num_stages": 3},
+            "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+            "delta": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
+            "dq": {"BLOCK": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
+            "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 1}}[kernel]
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # float32 inputs: exact fp32 products (no tf32); 16-bit inputs use the tensor cores either way
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _check(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor) -> None:
+    if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"q, k, v must share a [B,H,L,Dh] shape; got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"q, k, v must share one of float16/bfloat16/float32; "
+                         f"got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"head dim {q.shape[-1]} not supported; expected one of {HEAD_DIMS}")
+    H = q.shape[1]
+    if bias.dim() != 2 or bias.shape[0] != H or tau.shape != (H,):
+        raise ValueError(f"bias must be [H, W] and tau [H] with H={H}; "
+                         f"got {tuple(bias.shape)}, {tuple(tau.shape)}")
+    if bias.dtype != torch.float32 or tau.dtype != torch.float32:
+        raise ValueError(f"bias and tau must be float32; got {bias.dtype}, {tau.dtype}")
+
+
+def _launch_opts(cfg: dict) -> dict:
+    return {k: cfg[k] for k in ("num_warps", "num_stages") if k in cfg}
+
+
+def lazy_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor,
+                 scale: float) -> tuple[Tensor, Tensor]:
+    """o [B,H,L,Dh] in q.dtype and lse2 [B,H,L] (float32, log2 units) for the backward."""
+    B, H, L, DH = q.shape
+    W = bias.shape[1]
+    o = torch.empty((B, H, L, DH), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, L), dtype=torch.float32, device=q.device)
+    cl = config("lse", DH, q.dtype)
+    _lazy_fwd_lse_kernel[(triton.cdiv(L, cl["BLOCK_M"]), H, B)](
+        q, k, bias, lse, *q.stride(), *k.stride(), bias.stride(0), bias.stride(1), H, L, W, scale * LOG2E,
+        DH=DH, BLOCK_M=cl["BLOCK_M"], BLOCK_L=cl["BLOCK_L"], PREC=_precision(q.dtype), **_launch_opts(cl))
+    cfg = config("fwd", DH, q.dtype)
+    _lazy_fwd_kernel[(triton.cdiv(L, cfg["BLOCK_M"]), H, B)](
+        q, k, v, bias, tau, lse, o, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E,
+        DH=DH, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], PREC=_precision(q.dtype), **_launch_opts(cfg))
+    return o, lse
+
+
+def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
+                  scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv (input dtype), dbias [H,W] and dtau [H] (float32), all computed by the kernels."""
+    B, H, L, DH = q.shape
+    W = bias.shape[1]
+    dev = q.device
+    dq = torch.empty((B, H, L, DH), dtype=q.dtype, device=dev)
+    dk = torch.empty((B, H, L, DH), dtype=k.dtype, device=dev)
+    dv = torch.empty((B, H, L, DH), dtype=v.dtype, device=dev)
+    delta = torch.empty((B, H, L), dtype=torch.float32, device=dev)
+
+    launch_delta(q, k, v, bias, tau, lse, do, scale, delta)
+    # both read the Delta written just before
+    part = launch_dq(q, k, v, bias, tau, lse, do, scale, delta, dq)
+    launch_dkdv(q, k, v, bias, tau, lse, do, scale, delta, dk, dv)
+
+    dbias = torch.zeros((H, W), dtype=torch.float32, device=dev)
+    dtau = torch.zeros((H,), dtype=torch.float32, device=dev)
+    bw = REDUCE_BLOCK   # (H, W/128) programs, each summing the partial rows in a fixed order
+    _lazy_bwd_reduce_kernel[(H, triton.cdiv(W + 1, bw))](part, dbias, dtau, part.shape[0], H, W, BLOCK_W=bw)
+    return dq, dk, dv, dbias, dtau
+
+
+def launch_delta(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
+                 scale: float, delta: Tensor) -> None:
+    """Runs the Delta kernel: delta [B, H, L] = sum_j p dp, float32."""
+    B, H, L, DH = q.shape
+    W = bias.shape[1]
+    cd = config("delta", DH, q.dtype)
+    _lazy_bwd_delta_kernel[(triton.cdiv(L, cd["BLOCK_M"]), H, B)](
+        q, k, v, do, bias, tau, lse, delta, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E,
+        DH=DH, BLOCK_M=cd["BLOCK_M"], BLOCK_N=cd["BLOCK_N"], PREC=_precision(q.dtype), **_launch_opts(cd))
+
+
+def launch_dq(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
+              scale: float, delta: Tensor, dq: Tensor) -> Tensor:
+    """Runs the dq kernel (reads delta, writes dq); returns the partial rows [B * n_m, H, W + 1]."""
+    B, H, L, DH = q.shape
+    W = bias.shape[1]
+    cq = config("dq", DH, q.dtype)
+    n_m = triton.cdiv(L, cq["BLOCK"])
+    # one partial row per (batch, query block, head): W dbias sums, then the dtau sum
+    part = torch.zeros((B * n_m, H, W + 1), dtype=torch.float32, device=q.device)
+    _lazy_bwd_dq_kernel[(n_m, H, B)](
+        q, k, v, do, bias, tau, lse, delta, dq, part, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        *dq.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E, scale,
+        DH=DH, BLOCK=cq["BLOCK"], BLOCK_F=cq["BLOCK_F"], PREC=_precision(q.dtype),
+        **_launch_opts(cq))
+    return part
+
+
+def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
+                scale: float, delta: Tensor, dk: Tensor, dv: Tensor) -> None:
+    """Runs the dk/dv kernel (reads the delta of the Delta kernel)."""
+    B, H, L, DH = q.shape
+    W = bias.shape[1]
+    ckv = config("dkdv", DH, q.dtype)
+    _lazy_bwd_dkdv_kernel[(triton.cdiv(L, ckv["BLOCK_N"]), H, B)](
+        q, k, v, do, bias, tau, lse, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        *dk.stride(), *dv.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W,
+        scale * LOG2E, scale, DH=DH, BLOCK_M=ckv["BLOCK_M"], BLOCK_N=ckv["BLOCK_N"], PREC=_precision(q.dtype),
+        **_launch_opts(ckv))
+
+
+class LazyAttentionFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, scale: float) -> Tensor:
+        o, lse = lazy_forward(q, k, v, bias, tau, scale)
+        if any(ctx.needs_input_grad[:5]):
+            ctx.save_for_backward(q, k, v, bias, tau, lse)
+        ctx.scale = scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do: Tensor):
+        q, k, v, bias, tau, lse = ctx.saved_tensors
+        dq, dk, dv, dbias, dtau = lazy_backward(q, k, v, bias, tau, lse, do.to(q.dtype), ctx.scale)
+        return dq, dk, dv, dbias, dtau, None
+
+
+def lazy_attention_triton(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, *,
+                          scale: float | None = None) -> dict[str, Tensor]:
+    """Lazy attention on Triton kernels: {"o": o}, differentiable in q, k, v, bias and tau."""
+    _check(q, k, v, bias, tau)
+    s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return {"o": LazyAttentionFn.apply(q, k, v, bias, tau, s)}
