@@ -27,9 +27,16 @@ GPU_CONFIG = {
     "gemm_t": 64, "gemm_k": 64, "gemm_programs": 4, "gemm_warps": 4, "gemm_stages": 4,
     "mix_t": 16, "mix_elems": 8192, "mix_warps": 4,
     "tok_t": 16, "tok_elems": 8192, "tok_warps": 8,
-    "BLOCK_T": 32, "BLOCK_ND": 64, "nd_programs": 4, "nd_warps": 4, "nd_stages": 3,
+    "BLOCK_T": 32, "BLOCK_ND": 128, "nd_programs": 16, "nd_warps": 4, "nd_stages": 3,
     "red_nd": 128, "red_r": 256, "red_warps": 8, "wparts_block": 128,
 }
+# The dx/dphi kernel's tiles, retimed on an H100 (bf16, T=16384, n=4, .scratch/mhc_tune.py on branch
+# mhc-nd-tiles, all in one run): 128-feature blocks with 4 warps, 3 stages and 16 programs per SM give a
+# backward of 1.48 ms at D=7168 (64-feature blocks, 4 per SM: 1.70; 16 per SM: 1.56) and 0.870 at D=4096
+# (0.872); 8 warps 1.84-2.09 and 1.05-1.13; 2 stages 1.58-1.63; 32-feature blocks 4.03. The smaller block
+# stays for n >= 5 (M padded to 64 or 128), where a 128-feature block's accumulator and weight parts
+# would not fit the registers.
+ND_BLOCK_WIDE_M = 64
 CONFIG = dict(CPU_CONFIG if INTERPRET else GPU_CONFIG)
 
 _X_PARTS = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
@@ -47,8 +54,13 @@ def gemm_launch(cfg: dict, MP: int, itemsize: int) -> tuple[int, int]:
     return warps, stages(cfg["gemm_stages"], (cfg["gemm_t"] * itemsize + 3 * MP * 2) * cfg["gemm_k"])
 
 
-def nd_stages(cfg: dict, MP: int, itemsize: int) -> int:
-    return stages(cfg["nd_stages"], (3 * MP * 2 + cfg["BLOCK_ND"] * itemsize) * cfg["BLOCK_T"])
+def nd_block(cfg: dict, MP: int) -> int:
+    """Feature block of the dx/dphi kernel: the configured one, or ND_BLOCK_WIDE_M where M pads past 32."""
+    return cfg["BLOCK_ND"] if MP <= 32 else min(cfg["BLOCK_ND"], ND_BLOCK_WIDE_M)
+
+
+def nd_stages(cfg: dict, MP: int, itemsize: int, block_nd: int) -> int:
+    return stages(cfg["nd_stages"], (3 * MP * 2 + block_nd * itemsize) * cfg["BLOCK_T"])
 
 
 def _p2(v: int) -> int:
@@ -135,7 +147,7 @@ def mhc_pre_backward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma:
         MP=MP, NP=NP, BLOCK_T=tt, BLOCK_D=min(_p2(D), max(16, cfg["tok_elems"] // (tt * NP))),
         num_warps=cfg["tok_warps"])
 
-    bt, bnd = cfg["BLOCK_T"], cfg["BLOCK_ND"]
+    bt, bnd = cfg["BLOCK_T"], nd_block(cfg, MP)
     nblk = n * triton.cdiv(D, bnd)  # blocks of BLOCK_ND features within each stream
     # token groups: enough (nD block, group) programs to fill the GPU; partials are [G, MP, nD]
     G = max(1, min(triton.cdiv(T, bt), triton.cdiv(_programs(dev, cfg["nd_programs"]), nblk)))
@@ -148,7 +160,7 @@ def mhc_pre_backward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma:
         x, g_in, wparts, dh_mix, coef, h_pre, dx, pphi,
         T, S, n, D, nD, per_group, *x.stride(), *g_in.stride(),
         X_PARTS=_X_PARTS[x.dtype], MM_ORDER=2 if x.dtype == torch.float32 else 1, MP=MP, BLOCK_T=bt,
-        BLOCK_ND=bnd, EMU=INTERPRET, num_warps=cfg["nd_warps"], num_stages=nd_stages(cfg, MP, x.element_size()))
+        BLOCK_ND=bnd, EMU=INTERPRET, num_warps=cfg["nd_warps"], num_stages=nd_stages(cfg, MP, x.element_size(), bnd))
 
     # zero-filled so that a result that is never written reads as zeros, not as stale memory
     dphi = torch.zeros((M, nD), **f32)
