@@ -155,8 +155,9 @@ def lazy_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor,
 
 
 def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
-                  scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """dq, dk, dv (input dtype), dbias [H,W] and dtau [H] (float32), all computed by the kernels."""
+                  scale: float, ds_budget: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv (input dtype), dbias [H,W] and dtau [H] (float32), all computed by the kernels; the ds
+    path where ds fits ``ds_budget`` bytes (None: DS_BUDGET_BYTES)."""
     B, H, L, DH = q.shape
     W = bias.shape[1]
     dev = q.device
@@ -166,7 +167,7 @@ def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, ls
     delta = torch.empty((B, H, L), dtype=torch.float32, device=dev)
 
     tau_part = launch_delta(q, k, v, bias, tau, lse, do, scale, delta)
-    if ds_bytes(q) <= DS_BUDGET_BYTES:
+    if ds_bytes(q) <= (DS_BUDGET_BYTES if ds_budget is None else ds_budget):
         part = launch_ds_path(q, k, v, bias, tau, lse, do, scale, delta, dq, dk, dv)
     else:
         # both read the Delta written just before
@@ -262,23 +263,34 @@ def launch_ds_path(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, l
 
 class LazyAttentionFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, scale: float) -> Tensor:
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, scale: float,
+                ds_budget: int | None) -> Tensor:
         o, lse = lazy_forward(q, k, v, bias, tau, scale)
         if any(ctx.needs_input_grad[:5]):
             ctx.save_for_backward(q, k, v, bias, tau, lse)
         ctx.scale = scale
+        ctx.ds_budget = ds_budget
         return o
 
     @staticmethod
     def backward(ctx, do: Tensor):
         q, k, v, bias, tau, lse = ctx.saved_tensors
-        dq, dk, dv, dbias, dtau = lazy_backward(q, k, v, bias, tau, lse, do.to(q.dtype), ctx.scale)
-        return dq, dk, dv, dbias, dtau, None
+        dq, dk, dv, dbias, dtau = lazy_backward(q, k, v, bias, tau, lse, do.to(q.dtype), ctx.scale, ctx.ds_budget)
+        return dq, dk, dv, dbias, dtau, None, None
 
 
 def lazy_attention_triton(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, *,
-                          scale: float | None = None) -> dict[str, Tensor]:
-    """Lazy attention on Triton kernels: {"o": o}, differentiable in q, k, v, bias and tau."""
+                          scale: float | None = None, ds_budget: int | None = None) -> dict[str, Tensor]:
+    """Lazy attention on Triton kernels: {"o": o}, differentiable in q, k, v, bias and tau. The backward
+    stores ds where it takes at most ``ds_budget`` bytes (None: DS_BUDGET_BYTES), else recomputes."""
     _check(q, k, v, bias, tau)
+    if ds_budget is not None and (isinstance(ds_budget, bool) or not isinstance(ds_budget, int) or ds_budget < 0):
+        raise ValueError(f"ds_budget must be a byte count >= 0 or None; got {ds_budget!r}")
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return {"o": LazyAttentionFn.apply(q, k, v, bias, tau, s)}
+    return {"o": LazyAttentionFn.apply(q, k, v, bias, tau, s, ds_budget)}
+
+
+def lazy_attention_triton_recompute(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, *,
+                                    scale: float | None = None) -> dict[str, Tensor]:
+    """The same operator with the recompute backward (no stored ds: less memory, slower)."""
+    return lazy_attention_triton(q, k, v, bias, tau, scale=scale, ds_budget=0)
