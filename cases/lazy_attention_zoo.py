@@ -36,3 +36,12 @@ register_mutant(Mutant(
     expect=(Expectation(CASE, "float32", fail=("dbias", "dtau"), passing=("o", "dq", "dk", "dv"),
                         where={"dbias": {"head": "all"}, "dtau": {"head": "all"}}),),
 ))
+register_mutant(Mutant(
+    id="lazy-dq-last-key-block", operator="lazy_attention", backend="triton",
+    seed="mhc-triton-backward-bugfix-log.md",
+    description="the dq GEMM over the stored ds keeps only the last key block (accumulator not carried)",
+    edits=(("kernels.py", "dq = tl.dot(ds, k, dq, input_precision=PREC)", "dq = tl.dot(ds, k, input_precision=PREC)"),),
+    # under the interpreter key blocks are 32 wide: rows 0-31 have one key block, row 32 (query block 2) two
+    expect=(Expectation(CASE, "float32", fail=("dq",), passing=("o", "dk", "dv", "dbias", "dtau"),
+                        where={"dq": {"position": "last"}}),),
+))

@@ -11,7 +11,7 @@ register_backend(Backend(
     dtypes=("float32", "bfloat16", "float16"),
     # tiles of the dx / dphi kernel: BLOCK_ND features of one stream (blocks restart at each stream)
     # x BLOCK_T tokens; must match wrapper.CPU_CONFIG / GPU_CONFIG (a test checks it)
-    blocks={"BLOCK_ND": 64, "BLOCK_T": 16} if interpreted() else {"BLOCK_ND": 64, "BLOCK_T": 32},
+    blocks={"BLOCK_ND": 64, "BLOCK_T": 16} if interpreted() else {"BLOCK_ND": 128, "BLOCK_T": 32},
     sources=tuple(_DIR + f for f in ("kernels.py", "wrapper.py", "adapter.py")),
     deterministic=True, matmul_precision="ieee",
     description="Triton: split-K GEMM + sum of squares on bf16 tensor cores with exact float32 products "

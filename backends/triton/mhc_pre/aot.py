@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from . import kernels as K
 from .wrapper import GPU_CONFIG as C
-from .wrapper import gemm_launch, nd_block, nd_stages
+from .wrapper import gemm_launch, nd_launch
 
 _PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 _PARTS = {"bf16": 1, "fp16": 2, "fp32": 3}
@@ -65,8 +65,8 @@ def aot_targets() -> list[dict]:
                             "EMU": False}, *gemm_launch(C, MP, _BYTES[dt])))
         out.append(_target(f"bwd_nd-{tag}", K._bwd_nd_kernel, dt,
                            {"X_PARTS": _PARTS[dt], "MM_ORDER": 2 if dt == "fp32" else 1, "MP": MP,
-                            "BLOCK_T": C["BLOCK_T"], "BLOCK_ND": nd_block(C, MP), "EMU": False},
-                           C["nd_warps"], nd_stages(C, MP, _BYTES[dt], nd_block(C, MP))))
+                            "BLOCK_T": C["BLOCK_T"], "BLOCK_ND": C["BLOCK_ND"], "EMU": False},
+                           *nd_launch(C, MP, _BYTES[dt])))
     for dt, n in (("bf16", 4), ("fp32", 4), ("bf16", 8), ("bf16", 1)):
         M, NP = n * n + 2 * n, 1 << (n - 1).bit_length()
         MP = max(16, 1 << (M - 1).bit_length())

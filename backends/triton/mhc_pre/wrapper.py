@@ -33,10 +33,9 @@ GPU_CONFIG = {
 # The dx/dphi kernel's tiles, retimed on an H100 (bf16, T=16384, n=4, .scratch/mhc_tune.py on branch
 # mhc-nd-tiles, all in one run): 128-feature blocks with 4 warps, 3 stages and 16 programs per SM give a
 # backward of 1.48 ms at D=7168 (64-feature blocks, 4 per SM: 1.70; 16 per SM: 1.56) and 0.870 at D=4096
-# (0.872); 8 warps 1.84-2.09 and 1.05-1.13; 2 stages 1.58-1.63; 32-feature blocks 4.03. The smaller block
-# stays for n >= 5 (M padded to 64 or 128), where a 128-feature block's accumulator and weight parts
-# would not fit the registers.
-ND_BLOCK_WIDE_M = 64
+# (0.872); 8 warps 1.84-2.09 and 1.05-1.13; 2 stages 1.58-1.63; 32-feature blocks 4.03. For n >= 5 (M padded
+# to 64 or 128) the kernel takes twice the warps: at 4 its accumulator and weight parts spill (1.3-2.1 KB
+# on sm_90a at n = 8), at 8 nothing does.
 CONFIG = dict(CPU_CONFIG if INTERPRET else GPU_CONFIG)
 
 _X_PARTS = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
@@ -54,13 +53,10 @@ def gemm_launch(cfg: dict, MP: int, itemsize: int) -> tuple[int, int]:
     return warps, stages(cfg["gemm_stages"], (cfg["gemm_t"] * itemsize + 3 * MP * 2) * cfg["gemm_k"])
 
 
-def nd_block(cfg: dict, MP: int) -> int:
-    """Feature block of the dx/dphi kernel: the configured one, or ND_BLOCK_WIDE_M where M pads past 32."""
-    return cfg["BLOCK_ND"] if MP <= 32 else min(cfg["BLOCK_ND"], ND_BLOCK_WIDE_M)
-
-
-def nd_stages(cfg: dict, MP: int, itemsize: int, block_nd: int) -> int:
-    return stages(cfg["nd_stages"], (3 * MP * 2 + block_nd * itemsize) * cfg["BLOCK_T"])
+def nd_launch(cfg: dict, MP: int, itemsize: int) -> tuple[int, int]:
+    """(num_warps, num_stages) of the dx/dphi kernel: twice the warps where M pads past 32."""
+    warps = cfg["nd_warps"] * (2 if MP > 32 else 1)
+    return warps, stages(cfg["nd_stages"], (3 * MP * 2 + cfg["BLOCK_ND"] * itemsize) * cfg["BLOCK_T"])
 
 
 def _p2(v: int) -> int:
@@ -147,7 +143,7 @@ def mhc_pre_backward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma:
         MP=MP, NP=NP, BLOCK_T=tt, BLOCK_D=min(_p2(D), max(16, cfg["tok_elems"] // (tt * NP))),
         num_warps=cfg["tok_warps"])
 
-    bt, bnd = cfg["BLOCK_T"], nd_block(cfg, MP)
+    bt, bnd = cfg["BLOCK_T"], cfg["BLOCK_ND"]
     nblk = n * triton.cdiv(D, bnd)  # blocks of BLOCK_ND features within each stream
     # token groups: enough (nD block, group) programs to fill the GPU; partials are [G, MP, nD]
     G = max(1, min(triton.cdiv(T, bt), triton.cdiv(_programs(dev, cfg["nd_programs"]), nblk)))
@@ -156,11 +152,12 @@ def mhc_pre_backward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma:
     dx = torch.empty(x.shape, dtype=x.dtype, device=dev)
     pphi = torch.empty((G, MP, nD), **f32)
     # dx only needs the 16-bit precision of its own dtype: two fewer split terms than float32 needs
+    warps, nst = nd_launch(cfg, MP, x.element_size())
     K._bwd_nd_kernel[(nblk, G)](
         x, g_in, wparts, dh_mix, coef, h_pre, dx, pphi,
         T, S, n, D, nD, per_group, *x.stride(), *g_in.stride(),
         X_PARTS=_X_PARTS[x.dtype], MM_ORDER=2 if x.dtype == torch.float32 else 1, MP=MP, BLOCK_T=bt,
-        BLOCK_ND=bnd, EMU=INTERPRET, num_warps=cfg["nd_warps"], num_stages=nd_stages(cfg, MP, x.element_size(), bnd))
+        BLOCK_ND=bnd, EMU=INTERPRET, num_warps=warps, num_stages=nst)
 
     # zero-filled so that a result that is never written reads as zeros, not as stale memory
     dphi = torch.zeros((M, nD), **f32)
