@@ -101,3 +101,33 @@ def test_every_head_matches_reference(results: dict, case: tuple) -> None:
         if max(errs) > tol:
             bad[comp] = (tol, errs)
     assert not bad, f"{name}: per-head relative errors above tolerance: {bad}"
+
+
+def test_ds_budget_is_checked(monkeypatch) -> None:
+    import torch
+
+    from backends.triton.lazy_attention import wrapper
+
+    q = torch.zeros(1, 1, 4, 16)
+    bias, tau = torch.zeros(1, 3), torch.zeros(1)
+    for bad in (-1, 1.5, True, "2G"):
+        with pytest.raises(ValueError, match="ds_budget must be a byte count"):
+            wrapper.lazy_attention_triton(q, q, q, bias, tau, ds_budget=bad)
+    monkeypatch.setenv("LAZY_ATTENTION_DS_BUDGET", "2G")
+    with pytest.raises(ValueError, match="LAZY_ATTENTION_DS_BUDGET must be a byte count"):
+        wrapper._budget_from_env("LAZY_ATTENTION_DS_BUDGET", 0)
+    monkeypatch.setenv("LAZY_ATTENTION_DS_BUDGET", "1024")
+    assert wrapper._budget_from_env("LAZY_ATTENTION_DS_BUDGET", 0) == 1024
+
+
+def test_ds_bytes_counts_the_strips() -> None:
+    import torch
+
+    from backends.triton.lazy_attention import wrapper
+
+    # strips of BLOCK_N keys x the queries from each key block on, summed directly
+    for L in (1, 17, 33, 100):
+        q = torch.zeros(2, 3, L, 16, dtype=torch.float16)
+        bn = wrapper.config("dkdv_ds", 16, q.dtype)["BLOCK_N"]
+        rows = sum(L - n0 for n0 in range(0, L, bn))
+        assert wrapper.ds_bytes(q) == 2 * 3 * bn * rows * 2, L

@@ -29,9 +29,24 @@ REDUCE_BLOCK = 128
 OVERRIDES: dict[str, dict] = {}
 # The same under the interpreter (tests of mixed block sizes on CPU).
 INTERPRET_OVERRIDES: dict[str, dict] = {}
+
+
+def _budget_from_env(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{name} must be a byte count >= 0 (e.g. 0 or 2147483648); got {raw!r}")
+    return value
+
+
 # The backward stores ds (about B*H*L*L/2 elements of q's dtype) and computes dq from it, unless that
 # takes more than this many bytes (env LAZY_ATTENTION_DS_BUDGET); then a dq kernel recomputes p and dp.
-DS_BUDGET_BYTES = int(os.environ.get("LAZY_ATTENTION_DS_BUDGET", 2 << 30))
+DS_BUDGET_BYTES = _budget_from_env("LAZY_ATTENTION_DS_BUDGET", 2 << 30)
 
 
 def _interpreted() -> bool:
