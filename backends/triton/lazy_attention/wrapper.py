@@ -106,7 +106,10 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
     # 1 stage 5.82 (132 spills), 2 stages 5.91. dq from ds: 64-row tiles, 4 warps, 3 stages (0.47 ms);
     # 128-row with 8 warps the same. In the 64x128 kernel (timed alone, .scratch/lazy_diag.py) the ds store
     # cost 0.47 ms, the dbias chunks 0.32 and dtau (float64 column sums) 1.08, hence dtau moved to Delta.
-    # Dh <= 64 takes the same ds-path tiles (not timed).
+    # Dh <= 64 takes the same ds-path tiles. ds vs recompute path, fwd+bwd in one run (.scratch/lazy_dh_ab.py
+    # on branch lazy-fused-bwd): B=4, H=16, L=4096: Dh=64 3.80 vs 4.29 ms, Dh=32 3.20 vs 3.93; B=8, L=1024:
+    # Dh=64 1.04 vs 1.24, Dh=128 1.18 vs 1.60; B=2, L=8192, Dh=64 6.39 vs 6.86 (ds 2.16 GB: over the default
+    # budget, so that shape recomputes unless the budget is raised).
     if dh <= 64:
         return {"lse": {"BLOCK_M": 64, "BLOCK_L": 128, "num_warps": 4, "num_stages": 3},
                 "fwd": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
