@@ -321,33 +321,45 @@ def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
 
 
 @triton.jit
+def _dkdv_tile(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau, bias_row, sbw,
+               offs_m, offs_n, offs_d, dk, dv, L, W, qk_scale,
+               BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
+    """One transposed tile (rows keys j, columns queries i) of the dk/dv passes: dk and dv updated, and
+    ds as float32 and rounded to the input dtype (as the dots take it)."""
+    q = _load_rows(q_base, offs_m, sql, sqd, offs_d, L)
+    g = _load_rows(do_base, offs_m, sdol, sdod, offs_d, L)
+    lse2 = tl.load(lse_base + offs_m, mask=offs_m < L, other=float("inf"))
+    delta = tl.load(delta_base + offs_m, mask=offs_m < L, other=0.0)
+    c = tau / (offs_m + 1).to(tl.float32)
+    sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
+    if BIAS:
+        sT += _bias_tile(bias_row, sbw, offs_m[None, :] - offs_n[:, None], W) * LOG2E
+    pT = tl.exp2(sT - lse2[None, :])
+    keep = pT + c[None, :] > 0
+    if CAUSAL:
+        causal = offs_m[None, :] >= offs_n[:, None]
+        pT = tl.where(causal, pT, 0.0)
+        keep = keep & causal
+    eT = tl.where(keep, pT + c[None, :], 0.0)
+    dv = tl.dot(eT.to(g.dtype), g, dv, input_precision=PREC)
+    dpT = tl.where(keep, tl.dot(v, tl.trans(g), input_precision=PREC), 0.0)
+    dsT = pT * (dpT - delta[None, :])
+    if CAUSAL:
+        dsT = tl.where(offs_m[None, :] == 0, 0.0, dsT)   # row 0: ds = 0 exactly (see _dq_range)
+    dsT16 = dsT.to(q.dtype)
+    dk = tl.dot(dsT16, q, dk, input_precision=PREC)
+    return dk, dv, dsT, dsT16
+
+
+@triton.jit
 def _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau, bias_row, sbw,
                 offs_n, offs_d, dk, dv, lo, hi, L, W, qk_scale,
                 BLOCK_M: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
-    # transposed tiles: rows are keys j, columns queries i
     for m0 in range(lo, hi, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
-        q = _load_rows(q_base, offs_m, sql, sqd, offs_d, L)
-        g = _load_rows(do_base, offs_m, sdol, sdod, offs_d, L)
-        lse2 = tl.load(lse_base + offs_m, mask=offs_m < L, other=float("inf"))
-        delta = tl.load(delta_base + offs_m, mask=offs_m < L, other=0.0)
-        c = tau / (offs_m + 1).to(tl.float32)
-        sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
-        if BIAS:
-            sT += _bias_tile(bias_row, sbw, offs_m[None, :] - offs_n[:, None], W) * LOG2E
-        pT = tl.exp2(sT - lse2[None, :])
-        keep = pT + c[None, :] > 0
-        if CAUSAL:
-            causal = offs_m[None, :] >= offs_n[:, None]
-            pT = tl.where(causal, pT, 0.0)
-            keep = keep & causal
-        eT = tl.where(keep, pT + c[None, :], 0.0)
-        dv = tl.dot(eT.to(g.dtype), g, dv, input_precision=PREC)
-        dpT = tl.where(keep, tl.dot(v, tl.trans(g), input_precision=PREC), 0.0)
-        dsT = pT * (dpT - delta[None, :])
-        if CAUSAL:
-            dsT = tl.where(offs_m[None, :] == 0, 0.0, dsT)   # row 0: ds = 0 exactly (see _dq_range)
-        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PREC)
+        dk, dv, dsT, dsT16 = _dkdv_tile(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau,
+                                        bias_row, sbw, offs_m, offs_n, offs_d, dk, dv, L, W, qk_scale,
+                                        BIAS, CAUSAL, PREC)
     return dk, dv
 
 
@@ -418,31 +430,11 @@ def _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_
                    part_row, offs_n, offs_d, dk, dv, ca, cb, n0, lo, hi, L, W, qk_scale,
                    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr,
                    PREC: tl.constexpr):
-    # transposed tiles: rows are keys j, columns queries i
     for m0 in range(lo, hi, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
-        q = _load_rows(q_base, offs_m, sql, sqd, offs_d, L)
-        g = _load_rows(do_base, offs_m, sdol, sdod, offs_d, L)
-        lse2 = tl.load(lse_base + offs_m, mask=offs_m < L, other=float("inf"))
-        delta = tl.load(delta_base + offs_m, mask=offs_m < L, other=0.0)
-        c = tau / (offs_m + 1).to(tl.float32)
-        sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
-        if BIAS:
-            sT += _bias_tile(bias_row, sbw, offs_m[None, :] - offs_n[:, None], W) * LOG2E
-        pT = tl.exp2(sT - lse2[None, :])
-        keep = pT + c[None, :] > 0
-        if CAUSAL:
-            causal = offs_m[None, :] >= offs_n[:, None]
-            pT = tl.where(causal, pT, 0.0)
-            keep = keep & causal
-        eT = tl.where(keep, pT + c[None, :], 0.0)
-        dv = tl.dot(eT.to(g.dtype), g, dv, input_precision=PREC)
-        dpT = tl.where(keep, tl.dot(v, tl.trans(g), input_precision=PREC), 0.0)
-        dsT = pT * (dpT - delta[None, :])
-        if CAUSAL:
-            dsT = tl.where(offs_m[None, :] == 0, 0.0, dsT)   # row 0: ds = 0 exactly (see _dq_range)
-        dsT16 = dsT.to(q.dtype)
-        dk = tl.dot(dsT16, q, dk, input_precision=PREC)
+        dk, dv, dsT, dsT16 = _dkdv_tile(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau,
+                                        bias_row, sbw, offs_m, offs_n, offs_d, dk, dv, L, W, qk_scale,
+                                        BIAS, CAUSAL, PREC)
         # the tile of ds, for the dq kernel (rounded as the dq dot would round it)
         tl.store(ds_strip + (offs_m - n0)[None, :] * BLOCK_N + (offs_n - n0)[:, None], dsT16,
                  mask=(offs_m < L)[None, :])
