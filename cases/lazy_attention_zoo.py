@@ -23,7 +23,7 @@ register_mutant(Mutant(
     edits=tuple(("wrapper.py", f"lse, delta, {outs}*q.stride(), *k.stride(), *v.stride(), *do.stride(),",
                  f"lse, delta, {outs}*q.stride(), *k.stride(), *v.stride(), "
                  "do.stride(0), q.stride(1), do.stride(2), do.stride(3),")
-                for outs in ("tau_part, ", "dq, part, ", "dk, dv, ", "dk, dv, ds, part, ")),
+                for outs in ("tau_part, ", "dq, part, ", "dk, dv, ds_in, part_in, ")),
     expect=(Expectation(CASE, "float32", fail=GRADS, passing=("o",),
                         where={c: {"head": "all-but-first"} for c in GRADS}),),
 ))

@@ -59,10 +59,10 @@ def aot_targets() -> list[dict]:
                            {"DH": dh, "BLOCK_M": dl["BLOCK_M"], "BLOCK_N": dl["BLOCK_N"], "PREC": prec}, dl))
         out.append(_target(f"dq-{tag}", K._lazy_bwd_dq_kernel, dtype,
                            {"DH": dh, "BLOCK": q["BLOCK"], "BLOCK_F": q["BLOCK_F"], "PREC": prec}, q))
-        out.append(_target(f"dkdv-{tag}", K._lazy_bwd_dkdv_kernel, dtype,
-                           {"DH": dh, "BLOCK_M": kv["BLOCK_M"], "BLOCK_N": kv["BLOCK_N"], "PREC": prec}, kv))
-        out.append(_target(f"dkdv_ds-{tag}", K._lazy_bwd_dkdv_ds_kernel, dtype,
-                           {"DH": dh, "BLOCK_M": kd["BLOCK_M"], "BLOCK_N": kd["BLOCK_N"], "PREC": prec}, kd))
+        for name, cfg, store in (("dkdv", kv, False), ("dkdv_ds", kd, True)):
+            out.append(_target(f"{name}-{tag}", K._lazy_bwd_dkdv_kernel, dtype,
+                               {"DH": dh, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "STORE_DS": store,
+                                "PREC": prec}, cfg))
         out.append(_target(f"dq_ds-{tag}", K._lazy_bwd_dq_ds_kernel, dtype,
                            {"DH": dh, "BLOCK_M": qd["BLOCK_M"], "BLOCK_N": kd["BLOCK_N"], "PREC": prec}, qd))
     out.append(_target("reduce", K._lazy_bwd_reduce_kernel, torch.float32, {"BLOCK_W": REDUCE_BLOCK}))

@@ -10,10 +10,10 @@ Forward: ``_lazy_fwd_lse_kernel`` (the LSE pass per query block, head and batch)
 
 Backward: ``_lazy_bwd_delta_kernel`` (per query block, Delta_i = sum_j p dp from float32 p and dp so
 that dbias and dtau keep float32 accuracy with 16-bit inputs, and the query block's share of dtau), then
-either the ds path: ``_lazy_bwd_dkdv_ds_kernel`` (dk, dv, a partial row of dbias per key block, and ds
-itself, in the input dtype, about B*H*L*L/2 elements) and ``_lazy_bwd_dq_ds_kernel`` (dq as a GEMM over
-the stored ds); or, where ds would exceed the wrapper's memory budget, ``_lazy_bwd_dq_kernel`` (dq and a
-partial row of dbias per query block, recomputing p and dp) and ``_lazy_bwd_dkdv_kernel`` (dk, dv).
+either the ds path: ``_lazy_bwd_dkdv_kernel`` with STORE_DS (dk, dv, a partial row of dbias per key
+block, and ds itself, in the input dtype, about B*H*L*L/2 elements) and ``_lazy_bwd_dq_ds_kernel`` (dq as a
+GEMM over the stored ds); or, where ds would exceed the wrapper's memory budget, ``_lazy_bwd_dq_kernel`` (dq
+and a partial row of dbias per query block, recomputing p and dp) and ``_lazy_bwd_dkdv_kernel`` (dk, dv).
 ``_lazy_bwd_reduce_kernel`` sums the partial rows (deterministic, one add per output element). Every
 tensor is addressed with its own strides, dO's head stride included.
 
@@ -352,59 +352,6 @@ def _dkdv_tile(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base
 
 
 @triton.jit
-def _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau, bias_row, sbw,
-                offs_n, offs_d, dk, dv, lo, hi, L, W, qk_scale,
-                BLOCK_M: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
-    for m0 in range(lo, hi, BLOCK_M):
-        offs_m = m0 + tl.arange(0, BLOCK_M)
-        dk, dv, dsT, dsT16 = _dkdv_tile(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau,
-                                        bias_row, sbw, offs_m, offs_n, offs_d, dk, dv, L, W, qk_scale,
-                                        BIAS, CAUSAL, PREC)
-    return dk, dv
-
-
-@triton.jit
-def _lazy_bwd_dkdv_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV,
-                          sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
-                          sdob, sdoh, sdol, sdod, sdkb, sdkh, sdkl, sdkd, sdvb, sdvh, sdvl, sdvd,
-                          sbh, sbw, stau, H, L, W, qk_scale, scale,
-                          DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
-    pid_n = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    n0 = pid_n * BLOCK_N
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, DH)
-    k = _load_rows(K + b * skb + h * skh, offs_n, skl, skd, offs_d, L)
-    v = _load_rows(V + b * svb + h * svh, offs_n, svl, svd, offs_d, L)
-    q_base = Q + b * sqb + h * sqh
-    do_base = DO + b * sdob + h * sdoh
-    bh = b * H + h
-    tau = tl.load(Tau + h * stau)
-    bias_row = Bias + h * sbh
-
-    m_lo = (n0 // BLOCK_M) * BLOCK_M                                          # first block with i >= n0
-    diag_hi = tl.minimum(tl.cdiv(n0 + BLOCK_N, BLOCK_M) * BLOCK_M, L)         # blocks with some i < j
-    bias_hi = tl.minimum(tl.maximum(tl.cdiv(n0 + BLOCK_N - 1 + W, BLOCK_M) * BLOCK_M, diag_hi), L)
-    dk = tl.zeros([BLOCK_N, DH], tl.float32)
-    dv = tl.zeros([BLOCK_N, DH], tl.float32)
-    dk, dv = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, LSE + bh * L, Delta + bh * L, tau,
-                         bias_row, sbw, offs_n, offs_d, dk, dv, m_lo, diag_hi, L, W, qk_scale,
-                         BLOCK_M, True, True, PREC)
-    dk, dv = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, LSE + bh * L, Delta + bh * L, tau,
-                         bias_row, sbw, offs_n, offs_d, dk, dv, diag_hi, bias_hi, L, W, qk_scale,
-                         BLOCK_M, True, False, PREC)
-    dk, dv = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, LSE + bh * L, Delta + bh * L, tau,
-                         bias_row, sbw, offs_n, offs_d, dk, dv, bias_hi, L, L, W, qk_scale,
-                         BLOCK_M, False, False, PREC)
-    cols = offs_n[:, None] < L
-    tl.store(DK + b * sdkb + h * sdkh + offs_n[:, None] * sdkl + offs_d[None, :] * sdkd,
-             (dk * scale).to(DK.dtype.element_ty), mask=cols)
-    tl.store(DV + b * sdvb + h * sdvh + offs_n[:, None] * sdvl + offs_d[None, :] * sdvd,
-             dv.to(DV.dtype.element_ty), mask=cols)
-
-
-@triton.jit
 def _diag_chunks(dsT, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     # Diagonal sums of a [keys r, queries c] tile (BLOCK_N = BLOCK_M or 2 * BLOCK_M), distance c - r.
     # Rotating row r left by r % BLOCK_M puts its distance k - BLOCK_M * chunk in column k, with
@@ -426,38 +373,41 @@ def _strip_offset(nj, L, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, ds_strip, tau, bias_row, sbw,
-                   part_row, offs_n, offs_d, dk, dv, ca, cb, n0, lo, hi, L, W, qk_scale,
-                   BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr,
-                   PREC: tl.constexpr):
+def _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, ds_strip, tau, bias_row, sbw,
+                part_row, offs_n, offs_d, dk, dv, ca, cb, n0, lo, hi, L, W, qk_scale,
+                BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr,
+                STORE_DS: tl.constexpr, PREC: tl.constexpr):
     for m0 in range(lo, hi, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
         dk, dv, dsT, dsT16 = _dkdv_tile(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau,
                                         bias_row, sbw, offs_m, offs_n, offs_d, dk, dv, L, W, qk_scale,
                                         BIAS, CAUSAL, PREC)
-        # the tile of ds, for the dq kernel (rounded as the dq dot would round it)
-        tl.store(ds_strip + (offs_m - n0)[None, :] * BLOCK_N + (offs_n - n0)[:, None], dsT16,
-                 mask=(offs_m < L)[None, :])
-        if BIAS:
-            # chunk i of this tile lies at distances m0 - n0 - i * BLOCK_M + [0, BLOCK_M); the query block
-            # steps by BLOCK_M, so the chunk at m0 - n0 - 2 * BLOCK_M is complete now: stored once
-            s0, s1, s2 = _diag_chunks(dsT, BLOCK_N, BLOCK_M)
-            dist = (m0 - n0 - 2 * BLOCK_M) + tl.arange(0, BLOCK_M)
-            tl.store(part_row + dist, ca + s2, mask=(dist >= 0) & (dist < W))
-            ca = cb + s1
-            cb = s0
+        if STORE_DS:
+            # the tile of ds, for the dq kernel (rounded as the dq dot would round it)
+            tl.store(ds_strip + (offs_m - n0)[None, :] * BLOCK_N + (offs_n - n0)[:, None], dsT16,
+                     mask=(offs_m < L)[None, :])
+            if BIAS:
+                # chunk i of this tile lies at distances m0 - n0 - i * BLOCK_M + [0, BLOCK_M); the query
+                # block steps by BLOCK_M, so the chunk at m0 - n0 - 2 * BLOCK_M is complete now: stored once
+                s0, s1, s2 = _diag_chunks(dsT, BLOCK_N, BLOCK_M)
+                dist = (m0 - n0 - 2 * BLOCK_M) + tl.arange(0, BLOCK_M)
+                tl.store(part_row + dist, ca + s2, mask=(dist >= 0) & (dist < W))
+                ca = cb + s1
+                cb = s0
     return dk, dv, ca, cb
 
 
 @triton.jit
-def _lazy_bwd_dkdv_ds_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, DS, Part,
-                             sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
-                             sdob, sdoh, sdol, sdod, sdkb, sdkh, sdkl, sdkd, sdvb, sdvh, sdvl, sdvd,
-                             sbh, sbw, stau, H, L, W, qk_scale, scale,
-                             DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
-    # One pass over the query blocks of one key block, after the Delta kernel: dk, dv, a partial row of
-    # dbias, and ds itself (input dtype) for _lazy_bwd_dq_ds_kernel, so that dq needs no second
-    # pass over p and dp. BLOCK_N is BLOCK_M or 2 * BLOCK_M (three diagonal chunks per tile at most).
+def _lazy_bwd_dkdv_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, DS, Part,
+                          sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
+                          sdob, sdoh, sdol, sdod, sdkb, sdkh, sdkl, sdkd, sdvb, sdvh, sdvl, sdvd,
+                          sbh, sbw, stau, H, L, W, qk_scale, scale,
+                          DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_DS: tl.constexpr,
+                          PREC: tl.constexpr):
+    # One pass over the query blocks of one key block, after the Delta kernel: dk and dv. With STORE_DS
+    # (the ds path) also a partial row of dbias and ds itself (input dtype) for _lazy_bwd_dq_ds_kernel, so
+    # that dq needs no second pass over p and dp; BLOCK_N is then BLOCK_M or 2 * BLOCK_M (three diagonal
+    # chunks per tile at most). Without it DS and Part are not touched (the dq kernel does dbias).
     pid_n = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -484,22 +434,22 @@ def _lazy_bwd_dkdv_ds_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, DS, Par
     cb = tl.zeros([BLOCK_M], tl.float32)
     lse_base = LSE + bh * L
     delta_base = Delta + bh * L
-    dk, dv, ca, cb = _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base,
-                                         ds_strip, tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca,
-                                         cb, n0, m_lo, diag_hi, L, W, qk_scale, BLOCK_N, BLOCK_M, True, True, PREC)
-    dk, dv, ca, cb = _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base,
-                                         ds_strip, tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca,
-                                         cb, n0, diag_hi, bias_hi, L, W, qk_scale, BLOCK_N, BLOCK_M, True, False,
-                                         PREC)
-    # the two chunks still open end at the table's edge: later tiles hold distances >= W only (m_end: the
-    # query block after the last one seen, bias_hi rounded up as the loops step)
-    m_end = m_lo + tl.cdiv(bias_hi - m_lo, BLOCK_M) * BLOCK_M
-    dist = (m_end - n0 - 2 * BLOCK_M) + tl.arange(0, BLOCK_M)
-    tl.store(part_row + dist, ca, mask=(dist >= 0) & (dist < W))
-    tl.store(part_row + dist + BLOCK_M, cb, mask=(dist + BLOCK_M >= 0) & (dist + BLOCK_M < W))
-    dk, dv, ca, cb = _dkdv_ds_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base,
-                                         ds_strip, tau, bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca,
-                                         cb, n0, bias_hi, L, L, W, qk_scale, BLOCK_N, BLOCK_M, False, False, PREC)
+    dk, dv, ca, cb = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, ds_strip, tau,
+                                 bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca, cb, n0, m_lo, diag_hi, L, W,
+                                 qk_scale, BLOCK_N, BLOCK_M, True, True, STORE_DS, PREC)
+    dk, dv, ca, cb = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, ds_strip, tau,
+                                 bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca, cb, n0, diag_hi, bias_hi, L,
+                                 W, qk_scale, BLOCK_N, BLOCK_M, True, False, STORE_DS, PREC)
+    if STORE_DS:
+        # the two chunks still open end at the table's edge: later tiles hold distances >= W only (m_end:
+        # the query block after the last one seen, bias_hi rounded up as the loops step)
+        m_end = m_lo + tl.cdiv(bias_hi - m_lo, BLOCK_M) * BLOCK_M
+        dist = (m_end - n0 - 2 * BLOCK_M) + tl.arange(0, BLOCK_M)
+        tl.store(part_row + dist, ca, mask=(dist >= 0) & (dist < W))
+        tl.store(part_row + dist + BLOCK_M, cb, mask=(dist + BLOCK_M >= 0) & (dist + BLOCK_M < W))
+    dk, dv, ca, cb = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, ds_strip, tau,
+                                 bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca, cb, n0, bias_hi, L, L, W,
+                                 qk_scale, BLOCK_N, BLOCK_M, False, False, STORE_DS, PREC)
     cols = offs_n[:, None] < L
     tl.store(DK + b * sdkb + h * sdkh + offs_n[:, None] * sdkl + offs_d[None, :] * sdkd,
              (dk * scale).to(DK.dtype.element_ty), mask=cols)
@@ -510,7 +460,7 @@ def _lazy_bwd_dkdv_ds_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, DS, Par
 @triton.jit
 def _lazy_bwd_dq_ds_kernel(K, DS, DQ, skb, skh, skl, skd, sdqb, sdqh, sdql, sdqd, H, L, scale,
                            DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
-    # dq = scale * sum_j ds[i, j] k_j from the ds strips of _lazy_bwd_dkdv_ds_kernel (same BLOCK_N): a
+    # dq = scale * sum_j ds[i, j] k_j from the ds strips of _lazy_bwd_dkdv_kernel (same BLOCK_N): a
     # streaming GEMM over the key blocks up to the diagonal, each tile BLOCK_M contiguous rows of a strip
     pid_m = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)

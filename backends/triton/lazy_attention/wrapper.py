@@ -10,7 +10,6 @@ import triton
 
 from .kernels import (
     _lazy_bwd_delta_kernel,
-    _lazy_bwd_dkdv_ds_kernel,
     _lazy_bwd_dkdv_kernel,
     _lazy_bwd_dq_ds_kernel,
     _lazy_bwd_dq_kernel,
@@ -233,16 +232,21 @@ def launch_dq(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: T
 
 
 def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
-                scale: float, delta: Tensor, dk: Tensor, dv: Tensor) -> None:
-    """Runs the dk/dv kernel (reads the delta of the Delta kernel)."""
+                scale: float, delta: Tensor, dk: Tensor, dv: Tensor, ds: Tensor | None = None,
+                part: Tensor | None = None) -> None:
+    """Runs the dk/dv kernel (reads the delta of the Delta kernel). Given ds and part (the ds path, "dkdv_ds"
+    tiles) it also stores ds and the dbias partial rows [B * n_n, H, W]."""
     B, H, L, DH = q.shape
     W = bias.shape[1]
-    ckv = config("dkdv", DH, q.dtype)
+    store = ds is not None
+    ckv = config("dkdv_ds" if store else "dkdv", DH, q.dtype)
+    # without STORE_DS the kernel never touches DS and Part: any pointers of their dtypes do
+    ds_in, part_in = (ds, part) if store else (dk, delta)
     _lazy_bwd_dkdv_kernel[(triton.cdiv(L, ckv["BLOCK_N"]), H, B)](
-        q, k, v, do, bias, tau, lse, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        q, k, v, do, bias, tau, lse, delta, dk, dv, ds_in, part_in, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
         *dk.stride(), *dv.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W,
-        scale * LOG2E, scale, DH=DH, BLOCK_M=ckv["BLOCK_M"], BLOCK_N=ckv["BLOCK_N"], PREC=_precision(q.dtype),
-        **_launch_opts(ckv))
+        scale * LOG2E, scale, DH=DH, BLOCK_M=ckv["BLOCK_M"], BLOCK_N=ckv["BLOCK_N"], STORE_DS=store,
+        PREC=_precision(q.dtype), **_launch_opts(ckv))
 
 
 def ds_bytes(q: Tensor) -> int:
@@ -268,11 +272,7 @@ def launch_ds_path(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, l
     n_n = triton.cdiv(L, bn)
     part = torch.zeros((B * n_n, H, W), dtype=torch.float32, device=q.device)
     ds = torch.empty((ds_bytes(q) // q.element_size(),), dtype=q.dtype, device=q.device)
-    _lazy_bwd_dkdv_ds_kernel[(n_n, H, B)](
-        q, k, v, do, bias, tau, lse, delta, dk, dv, ds, part, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
-        *dk.stride(), *dv.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W,
-        scale * LOG2E, scale, DH=DH, BLOCK_M=ck["BLOCK_M"], BLOCK_N=bn, PREC=_precision(q.dtype),
-        **_launch_opts(ck))
+    launch_dkdv(q, k, v, bias, tau, lse, do, scale, delta, dk, dv, ds, part)
     _lazy_bwd_dq_ds_kernel[(triton.cdiv(L, cq["BLOCK_M"]), H, B)](
         k, ds, dq, *k.stride(), *dq.stride(), H, L, scale, DH=DH, BLOCK_M=cq["BLOCK_M"], BLOCK_N=bn,
         PREC=_precision(q.dtype), **_launch_opts(cq))
