@@ -270,9 +270,12 @@ def _bwd_nd_kernel(x_ptr, gin_ptr, w_ptr, dhmix_ptr, coef_ptr, hpre_ptr, dx_ptr,
     # straddle two streams (contiguous, vectorizable addresses; h_pre[t, k] is one column).
     # Tiles are [nD, token]: every dot then has BLOCK_ND as its M dimension, which the warps split
     # without replication, and they share one accumulator layout.
-    ndb = tl.cdiv(D, BLOCK_ND)
-    k = tl.program_id(0) // ndb
-    d0 = (tl.program_id(0) - k * ndb) * BLOCK_ND
+    # The n streams of one feature block are neighbours in launch order: they run together and walk
+    # the same tokens, so g_in (which they share) is read from DRAM about once. Stream-major order read
+    # it about twice (ncu: 807 MB of DRAM reads against 671 MB of x and g_in; H100, D=4096).
+    dblk = tl.program_id(0) // n
+    k = tl.program_id(0) - dblk * n
+    d0 = dblk * BLOCK_ND
     # last token group first, each walked backwards: the token kernel read those tokens last
     grp = tl.num_programs(1) - 1 - tl.program_id(1)
     d = d0 + tl.arange(0, BLOCK_ND)
