@@ -10,9 +10,19 @@ FMA loop would be compute bound here). Two details make that true on the GPU:
     loops feed them straight from memory to the dots, where the compiler pipelines the loads.
 Under the interpreter (EMU) the parts are multiplied as float32 (its bf16 dot is wrong); same values.
 
-The forward reads x twice (GEMM, then h_in once h_pre is known). A one-pass forward (branch mhc-fused:
-persistent programs per (token block, D slice) meet through a counter, then mix their slice from L2)
-read x once but was latency bound: 0.434 vs 0.461 ms at D=4096, 0.805 vs 0.776 at D=7168 (H100).
+The forward reads x twice (GEMM, then h_in once h_pre is known) and the backward too (token kernel,
+then dx/dphi once dh_pre is known). One-launch variants that re-read x from L2 or keep it on chip were
+all slower than these kernels in the same run (bf16, T=16384, n=4; branches keep the code and figures):
+  - mhc-fused: (token block, D slice) items meet, then mix their slice: 0.434 vs 0.461 ms (H100, D=4096);
+  - mhc-fwd-roles: GEMM producers and mix consumers; the consumers lag and the re-read misses L2, or,
+    throttled, they convoy: 0.35-2.0 vs 0.35 ms (H200);
+  - mhc-fwd-sliced: programs own feature slices, keep x in registers and meet per token block: x leaves
+    DRAM once, but the per-block chain is serial: 2.6-3.5 vs 0.36 ms (H200);
+  - mhc-fused-bwd: token and dx/dphi items by ticket in L2-sized chunks: the in-flight items exceed L2,
+    the re-read misses (1.43 GB of DRAM reads): 1.0 vs 0.88 ms (H100).
+The re-read distance in bytes is about the GPU's bandwidth times one item's duration, i.e. about L2's
+size for items long enough to stream well; a single pass needs the next loads in flight across the
+meeting (TMA, mbarriers, warp specialisation) or x shared on chip (clusters), beyond plain Triton.
 
 Forward:  _fwd_wparts_kernel  W = phi * gamma as three bf16 parts [3, MP, nD]
           _fwd_gemm_kernel    split-K partial h_mix = x @ W^T and sum of squares per token
