@@ -19,10 +19,14 @@ all slower than these kernels in the same run (bf16, T=16384, n=4; branches keep
   - mhc-fwd-sliced: programs own feature slices, keep x in registers and meet per token block: x leaves
     DRAM once, but the per-block chain is serial: 2.6-3.5 vs 0.36 ms (H200);
   - mhc-fused-bwd: token and dx/dphi items by ticket in L2-sized chunks: the in-flight items exceed L2,
-    the re-read misses (1.43 GB of DRAM reads): 1.0 vs 0.88 ms (H100).
+    the re-read misses (1.43 GB of DRAM reads): 1.0 vs 0.88 ms (H100);
+  - mhc-fwd-gluon: Gluon, warp-specialized; teams of D/64 programs keep x in shared memory (TMA ring)
+    across two global meetings per token block: x leaves DRAM once, but the per-block chain of
+    release/poll/L2 round trips bounds it: 0.50 vs 0.46 ms (H100, D=4096), 1.28 vs 0.78 (D=7168).
 The re-read distance in bytes is about the GPU's bandwidth times one item's duration, i.e. about L2's
-size for items long enough to stream well; a single pass needs the next loads in flight across the
-meeting (TMA, mbarriers, warp specialisation) or x shared on chip (clusters), beyond plain Triton.
+size for items long enough to stream well. Keeping the next loads in flight across the meeting (TMA,
+mbarriers, warp specialisation: mhc-fwd-gluon) is not enough while the meeting goes through global
+memory; sharing the team's partials on chip needs thread-block clusters (in gluon from 3.9, not 3.6).
 
 Forward:  _fwd_wparts_kernel  W = phi * gamma as three bf16 parts [3, MP, nD]
           _fwd_gemm_kernel    split-K partial h_mix = x @ W^T and sum of squares per token
