@@ -26,7 +26,7 @@ register_mutant(Mutant(
     description="dvecX_mm keeps only the last BLOCK_ND block of nD: dx loses its GEMM term and "
                 "dgamma (sum_t x * dvecX_mm) is zero in every earlier block",
     edits=(("kernels.py", _DX_LINE,
-            "dxv = tl.where(k * D + d0 + BLOCK_ND >= nD, mmg, 0.0) - cf[None, :] * xf + hp[None, :] * gi"),
+            "dxv = tl.where(tl.min(j, axis=0) + BLOCK_ND >= nD, mmg, 0.0) - cf[None, :] * xf + hp[None, :] * gi"),
            ("kernels.py", _DG_LINE, "dg = tl.where(j0 + BLOCK_ND >= nD, tl.sum(ph * P, axis=0), 0.0)")),
     expect=(Expectation(CASE, "float32", fail=("dx", "dgamma"), passing=OUTS + DPHI + DALPHA + DBIAS,
                         where={"dx": {"nD": "all-but-last"}, "dgamma": {"nD": "all-but-last"}}),),
@@ -60,8 +60,9 @@ register_mutant(Mutant(
 register_mutant(Mutant(
     id="mhc-store-into-input", operator="mhc_pre", backend="triton", seed="mhc log, issue 5",
     description="dx stored through x's pointer; the dx buffer stays as allocated (zeros, as in the seed)",
-    edits=(("kernels.py", "tl.store(dx_ptr + cur.to(tl.int64)[None, :] * nD + j[:, None]",
-            "tl.store(x_ptr + cur.to(tl.int64)[None, :] * nD + j[:, None]"),
+    # the pointer path's tile (the one the interpreter runs) gets x's pointer where dx's belongs
+    edits=(("kernels.py", "acc_phi = _nd_tile(xt, gi, cf, hp, cur, r2, dx_ptr,",
+            "acc_phi = _nd_tile(xt, gi, cf, hp, cur, r2, x_ptr,"),
            ("wrapper.py", "dx = torch.empty(x.shape, dtype=x.dtype, device=dev)",
             "dx = torch.zeros(x.shape, dtype=x.dtype, device=dev)")),
     expect=(Expectation(CASE, "float32", fail=("dx",), contracts=("input-unchanged",),

@@ -145,3 +145,27 @@ def test_declared_blocks_are_the_blocks_used(results: dict) -> None:
         registry.discover()
         declared = registry.get_backend("mhc_pre", "triton").blocks
         assert declared == {k: GPU_CONFIG[k] for k in ("BLOCK_ND", "BLOCK_T")}
+
+
+def test_token_stride_rule_for_tma_descriptors() -> None:
+    # a descriptor walks tokens with one stride: only where b*S + s maps to one arithmetic progression
+    import torch
+
+    from backends.triton.mhc_pre.wrapper import _tokens_2d
+
+    x = torch.empty(2, 3, 4, 8)
+    assert _tokens_2d(x, 2, 3) == 32
+    assert _tokens_2d(x.transpose(0, 1), 3, 2) is None  # tokens interleaved across the batch
+    assert _tokens_2d(x[:, :1], 2, 1) == 96  # one token per batch row: the batch stride
+    assert _tokens_2d(x[:1], 1, 3) == 32
+    padded = torch.empty(2, 4, 4, 8)[:, :3]  # rows padded past S: no single token stride
+    assert _tokens_2d(padded, 2, 3) is None
+
+
+def test_gemm_k_tile_halves_where_its_stages_would_not_fit() -> None:
+    from backends.triton.mhc_pre.wrapper import GPU_CONFIG, gemm_launch
+
+    assert gemm_launch(GPU_CONFIG, 32, 2) == (4, 3, 128)  # n <= 4: the tuned 128-wide tile, 3 stages
+    assert gemm_launch(GPU_CONFIG, 64, 2) == (4, 4, 64)  # n = 5, 6: 64-wide, one more stage
+    warps, nst, bk = gemm_launch(GPU_CONFIG, 128, 4)  # n = 7, 8 in float32: the shared-memory cap
+    assert (warps, bk) == (8, 64) and 1 <= nst < 4

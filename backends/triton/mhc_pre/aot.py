@@ -53,6 +53,16 @@ def _block_d(D: int, NP: int, bt: int, elems: int) -> int:
     return min(1 << (D - 1).bit_length(), max(16, elems // (bt * NP)))
 
 
+def _tma_nd(target: dict, dtype: str) -> dict:
+    """The dx/dphi kernel's TMA launch: x as a [T, n, D] descriptor of [BLOCK_T, 1, BLOCK_ND] blocks,
+    g_in as [T, D] of [BLOCK_T, BLOCK_ND] (wrapper._nd_descriptors)."""
+    bt, bnd, ty = C["BLOCK_T"], C["BLOCK_ND"], _PTR[dtype][1:]
+    for arg, block in (("x_ptr", f"{bt}, 1, {bnd}"), ("gin_ptr", f"{bt}, {bnd}")):
+        target["signature"][arg] = f"tensordesc<{ty}[{block}]>"
+    target["aligned"] = [a for a in target["aligned"] if a not in ("x_ptr", "gin_ptr")]
+    return target
+
+
 def aot_targets() -> list[dict]:
     out = []
     # fp32 at n = 8 stages the largest tiles (the shared-memory limit)
@@ -60,13 +70,16 @@ def aot_targets() -> list[dict]:
         M = n * n + 2 * n
         MP = max(16, 1 << (M - 1).bit_length())
         tag = f"{dt}-n{n}"
+        warps, nst, bk = gemm_launch(C, MP, _BYTES[dt])
         out.append(_target(f"fwd_gemm-{tag}", K._fwd_gemm_kernel, dt,
-                           {"X_PARTS": _PARTS[dt], "MP": MP, "BLOCK_T": C["gemm_t"], "BLOCK_K": C["gemm_k"],
-                            "EMU": False}, *gemm_launch(C, MP, _BYTES[dt])))
-        out.append(_target(f"bwd_nd-{tag}", K._bwd_nd_kernel, dt,
-                           {"X_PARTS": _PARTS[dt], "MM_ORDER": 2 if dt == "fp32" else 1, "MP": MP,
-                            "BLOCK_T": C["BLOCK_T"], "BLOCK_ND": C["BLOCK_ND"], "EMU": False},
+                           {"X_PARTS": _PARTS[dt], "MP": MP, "BLOCK_T": C["gemm_t"], "BLOCK_K": bk,
+                            "EMU": False}, warps, nst))
+        nd = {"X_PARTS": _PARTS[dt], "MM_ORDER": 2 if dt == "fp32" else 1, "MP": MP,
+              "BLOCK_T": C["BLOCK_T"], "BLOCK_ND": C["BLOCK_ND"], "EMU": False}
+        out.append(_target(f"bwd_nd-{tag}", K._bwd_nd_kernel, dt, nd | {"TMA": False},
                            *nd_launch(C, MP, _BYTES[dt])))
+        out.append(_tma_nd(_target(f"bwd_nd-tma-{tag}", K._bwd_nd_kernel, dt,
+                                   nd | {"TMA": True}, *nd_launch(C, MP, _BYTES[dt], True)), dt))
     for dt, n in (("bf16", 4), ("fp32", 4), ("bf16", 8), ("bf16", 1)):
         M, NP = n * n + 2 * n, 1 << (n - 1).bit_length()
         MP = max(16, 1 << (M - 1).bit_length())

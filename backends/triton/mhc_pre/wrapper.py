@@ -24,8 +24,8 @@ CPU_CONFIG = {
 }
 # chosen on an H200 (T = 16384, n = 4, D = 4096, bf16) among the variants of scratch tuning runs
 GPU_CONFIG = {
-    "gemm_t": 64, "gemm_k": 64, "gemm_programs": 4, "gemm_warps": 4, "gemm_stages": 4,
-    "mix_t": 16, "mix_elems": 8192, "mix_warps": 4,
+    "gemm_t": 64, "gemm_k": 128, "gemm_programs": 2, "gemm_warps": 4, "gemm_stages": 3,
+    "mix_t": 8, "mix_elems": 8192, "mix_warps": 4,
     "tok_t": 16, "tok_elems": 8192, "tok_warps": 8,
     "BLOCK_T": 32, "BLOCK_ND": 128, "nd_programs": 16, "nd_warps": 4, "nd_stages": 3,
     "red_nd": 128, "red_r": 256, "red_warps": 8, "wparts_block": 128,
@@ -36,6 +36,16 @@ GPU_CONFIG = {
 # (0.872); 8 warps 1.84-2.09 and 1.05-1.13; 2 stages 1.58-1.63; 32-feature blocks 4.03. For n >= 5 (M padded
 # to 64 or 128) the kernel takes twice the warps: at 4 its accumulator and weight parts spill (1.3-2.1 KB
 # on sm_90a at n = 8), at 8 nothing does.
+# Retimed on an H100 with the TMA path of the dx/dphi kernel (.scratch/nd_tma_ab.py and fwd_tma_ab.py on
+# branch mhc-nd-tma; each line one run, the baseline in the same run):
+#   - forward GEMM: 128-wide K tiles, 3 stages, 2 programs per SM: forward 451 vs 460 us at D=4096 and 757
+#     vs 776 at D=7168 (64-wide tiles, 4 stages, 4 per SM); 4 stages 476; 8 warps 581; 128-token tiles
+#     483-498; 256-wide K tiles 589;
+#   - mix: 8-token blocks: 445 vs 448 us (16) and 751 vs 755; 32-token blocks 460;
+#   - dx/dphi with TMA: BLOCK_T 64 887-918 us vs 802 (D=4096), 16: 969; BLOCK_ND 64: 971, 256 (8 warps):
+#     1118; 2 stages 925, 4: 804; 24 programs per SM 800 vs 805 (but 876 vs 862 on the pointer path);
+#   - token kernel (8, 32 tokens; 4 warps; 4096 or 16384 elements) and reduce kernel (32 or 64 features;
+#     4 warps): none beyond the noise (+-5 us).
 CONFIG = dict(CPU_CONFIG if INTERPRET else GPU_CONFIG)
 
 _X_PARTS = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
@@ -46,17 +56,24 @@ def stages(wanted: int, per_stage: int) -> int:
     return max(1, min(wanted, 180_000 // per_stage))
 
 
-def gemm_launch(cfg: dict, MP: int, itemsize: int) -> tuple[int, int]:
-    """(num_warps, num_stages) of the forward GEMM: twice the warps for the [BLOCK_T, 128] accumulator
-    of n >= 7 (it spills at 4), fewer stages where the tiles would overflow shared memory."""
-    warps = cfg["gemm_warps"] * (2 if MP >= 128 else 1)
-    return warps, stages(cfg["gemm_stages"], (cfg["gemm_t"] * itemsize + 3 * MP * 2) * cfg["gemm_k"])
+def gemm_launch(cfg: dict, MP: int, itemsize: int) -> tuple[int, int, int]:
+    """(num_warps, num_stages, BLOCK_K) of the forward GEMM: twice the warps for the [BLOCK_T, 128]
+    accumulator of n >= 7 (it spills at 4). Where the wanted stages of the K tile would overflow shared
+    memory (n >= 5 pads M to 64 or 128), the tile is halved and one more stage wanted (64 x 4 is what
+    those shapes ran with before the 128-wide tile); fewer stages where even that would overflow it."""
+    warps, bk, want = cfg["gemm_warps"] * (2 if MP >= 128 else 1), cfg["gemm_k"], cfg["gemm_stages"]
+    per_k = cfg["gemm_t"] * itemsize + 3 * MP * 2
+    while bk > 64 and stages(want, per_k * bk) < want:
+        bk, want = bk // 2, want + 1
+    return warps, stages(want, per_k * bk), bk
 
 
-def nd_launch(cfg: dict, MP: int, itemsize: int) -> tuple[int, int]:
-    """(num_warps, num_stages) of the dx/dphi kernel: twice the warps where M pads past 32."""
+def nd_launch(cfg: dict, MP: int, itemsize: int, tma: bool = False) -> tuple[int, int]:
+    """(num_warps, num_stages) of the dx/dphi kernel: twice the warps where M pads past 32. Its TMA path
+    stages g_in's tile too."""
     warps = cfg["nd_warps"] * (2 if MP > 32 else 1)
-    return warps, stages(cfg["nd_stages"], (3 * MP * 2 + cfg["BLOCK_ND"] * itemsize) * cfg["BLOCK_T"])
+    tile = cfg["BLOCK_ND"] * itemsize * cfg["BLOCK_T"]
+    return warps, stages(cfg["nd_stages"], 3 * MP * 2 * cfg["BLOCK_T"] + tile * (2 if tma else 1))
 
 
 def _p2(v: int) -> int:
@@ -96,13 +113,13 @@ def mhc_pre_forward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: 
     K._fwd_wparts_kernel[(triton.cdiv(nD, wb),)](
         phi, gamma if gamma is not None else phi, wparts, nD, M, *phi.stride(),
         HAS_GAMMA=gamma is not None, MP=MP, BLOCK=wb)
-    bt, bk = cfg["gemm_t"], cfg["gemm_k"]
+    bt = cfg["gemm_t"]
+    warps, nst, bk = gemm_launch(cfg, MP, x.element_size())
     # K tiles: BLOCK_K features of one stream; split-K over them fills the GPU even at small T
     ntb, nk = triton.cdiv(T, bt), n * triton.cdiv(D, bk)
     ksplit = max(1, min(nk, triton.cdiv(_programs(dev, cfg["gemm_programs"]), ntb)))
     kchunk = triton.cdiv(nk, ksplit)
     ksplit = triton.cdiv(nk, kchunk)
-    warps, nst = gemm_launch(cfg, MP, x.element_size())
     part = torch.empty((ksplit, T, MP), **f32)
     ssq = torch.empty((ksplit, T), **f32)
     K._fwd_gemm_kernel[(ksplit, ntb)](
@@ -122,6 +139,37 @@ def mhc_pre_forward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: 
         MP=MP, NP=NP, BLOCK_T=mt, BLOCK_D=min(_p2(D), max(16, cfg["mix_elems"] // (mt * NP))),
         num_warps=cfg["mix_warps"])
     return h_in, h_post, h_res, h_mix, inv, h_pre, wparts
+
+
+def _tokens_2d(t: Tensor, B: int, S: int) -> int | None:
+    """The stride of token b*S + s in a [B, S, ...] tensor if one stride walks all tokens, else None."""
+    if S == 1:
+        return t.stride(0)
+    if B == 1:
+        return t.stride(1)
+    return t.stride(1) if t.stride(0) == S * t.stride(1) else None
+
+
+# the dx/dphi kernel reads x and g_in through TMA descriptors where it can (False: always pointers)
+ND_TMA = True
+
+
+def _nd_descriptors(x: Tensor, g_in: Tensor, bt: int, bnd: int) -> tuple[object, object] | None:
+    """x as [T, n, D] and g_in as [T, D] TMA tensor descriptors of [BLOCK_T, (1,) BLOCK_ND] tiles where the
+    copy engine can address them: a Hopper GPU, features contiguous, one stride over the tokens, 16-byte
+    aligned strides and bases. None where it cannot: the kernel then loads through pointers."""
+    if not ND_TMA or INTERPRET or x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] < 9:
+        return None
+    B, S, n, D = x.shape
+    sx, sg, es = _tokens_2d(x, B, S), _tokens_2d(g_in, B, S), x.element_size()
+    if sx is None or sg is None or x.stride(3) != 1 or g_in.stride(2) != 1 or g_in.dtype != x.dtype:
+        return None
+    if any((v * es) % 16 for v in (sx, x.stride(2), sg)) or x.data_ptr() % 16 or g_in.data_ptr() % 16:
+        return None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return (TensorDescriptor(x, [B * S, n, D], [sx, x.stride(2), 1], [bt, 1, bnd]),
+            TensorDescriptor(g_in, [B * S, D], [sg, 1], [bt, bnd]))
 
 
 def mhc_pre_backward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None,
@@ -152,12 +200,15 @@ def mhc_pre_backward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma:
     dx = torch.empty(x.shape, dtype=x.dtype, device=dev)
     pphi = torch.empty((G, MP, nD), **f32)
     # dx only needs the 16-bit precision of its own dtype: two fewer split terms than float32 needs
-    warps, nst = nd_launch(cfg, MP, x.element_size())
+    desc = _nd_descriptors(x, g_in, bt, bnd)
+    warps, nst = nd_launch(cfg, MP, x.element_size(), desc is not None)
+    xa, ga = desc if desc else (x, g_in)
     K._bwd_nd_kernel[(nblk, G)](
-        x, g_in, wparts, dh_mix, coef, h_pre, dx, pphi,
+        xa, ga, wparts, dh_mix, coef, h_pre, dx, pphi,
         T, S, n, D, nD, per_group, *x.stride(), *g_in.stride(),
         X_PARTS=_X_PARTS[x.dtype], MM_ORDER=2 if x.dtype == torch.float32 else 1, MP=MP, BLOCK_T=bt,
-        BLOCK_ND=bnd, EMU=INTERPRET, num_warps=warps, num_stages=nst)
+        BLOCK_ND=bnd, EMU=INTERPRET, TMA=desc is not None,
+        num_warps=warps, num_stages=nst)
 
     # zero-filled so that a result that is never written reads as zeros, not as stale memory
     dphi = torch.zeros((M, nD), **f32)
