@@ -316,8 +316,9 @@ def _bwd_nd_kernel(x_ptr, gin_ptr, w_ptr, dhmix_ptr, coef_ptr, hpre_ptr, dx_ptr,
                                k, d, t_lo, t_hi, T, S, n, nD, j, dm, sxb, sxs, sxn, sxd, sgb, sgs, sgd,
                                X_PARTS, MM_ORDER, MP, BLOCK_T, BLOCK_ND, EMU)
     # this token group's P[m, j] = sum_t dh_mix[t, m] x[t, j]; dphi = gamma * P, dgamma = sum_m phi * P
+    # (the M = n * n + 2n real rows: the reduce kernel never reads the padding)
     tl.store(pphi_ptr + ((grp * MP + m).to(tl.int64) * nD)[None, :] + j[:, None], acc_phi,
-             mask=dm[:, None])
+             mask=dm[:, None] & (m < n * n + 2 * n)[None, :])
 
 
 @triton.jit

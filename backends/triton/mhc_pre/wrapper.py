@@ -19,7 +19,7 @@ CPU_CONFIG = {
     "gemm_t": 16, "gemm_k": 64, "gemm_programs": 4, "gemm_warps": 4, "gemm_stages": 1,
     "mix_t": 16, "mix_elems": 4096, "mix_warps": 4,
     "tok_t": 16, "tok_elems": 4096, "tok_warps": 4,
-    "BLOCK_T": 16, "BLOCK_ND": 64, "nd_programs": 8, "nd_warps": 4, "nd_stages": 1,
+    "BLOCK_T": 16, "BLOCK_ND": 64, "nd_programs": 8, "nd_programs_tma": 8, "nd_warps": 4, "nd_stages": 1,
     "red_nd": 64, "red_r": 16, "red_warps": 4, "wparts_block": 64,
 }
 # chosen on an H200 (T = 16384, n = 4, D = 4096, bf16) among the variants of scratch tuning runs
@@ -27,7 +27,7 @@ GPU_CONFIG = {
     "gemm_t": 64, "gemm_k": 128, "gemm_programs": 2, "gemm_warps": 4, "gemm_stages": 3,
     "mix_t": 8, "mix_elems": 8192, "mix_warps": 4,
     "tok_t": 16, "tok_elems": 8192, "tok_warps": 8,
-    "BLOCK_T": 32, "BLOCK_ND": 128, "nd_programs": 16, "nd_warps": 4, "nd_stages": 3,
+    "BLOCK_T": 32, "BLOCK_ND": 128, "nd_programs": 16, "nd_programs_tma": 24, "nd_warps": 4, "nd_stages": 3,
     "red_nd": 128, "red_r": 256, "red_warps": 8, "wparts_block": 128,
 }
 # The dx/dphi kernel's tiles, retimed on an H100 (bf16, T=16384, n=4, .scratch/mhc_tune.py on branch
@@ -43,7 +43,8 @@ GPU_CONFIG = {
 #     483-498; 256-wide K tiles 589;
 #   - mix: 8-token blocks: 445 vs 448 us (16) and 751 vs 755; 32-token blocks 460;
 #   - dx/dphi with TMA: BLOCK_T 64 887-918 us vs 802 (D=4096), 16: 969; BLOCK_ND 64: 971, 256 (8 warps):
-#     1118; 2 stages 925, 4: 804; 24 programs per SM 800 vs 805 (but 876 vs 862 on the pointer path);
+#     1118; 2 stages 925, 4: 804; 24 programs per SM 800 vs 805 (but 876 vs 862 on the pointer path,
+#     hence a count per path);
 #   - token kernel (8, 32 tokens; 4 warps; 4096 or 16384 elements) and reduce kernel (32 or 64 features;
 #     4 warps): none beyond the noise (+-5 us).
 CONFIG = dict(CPU_CONFIG if INTERPRET else GPU_CONFIG)
@@ -193,14 +194,15 @@ def mhc_pre_backward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma:
 
     bt, bnd = cfg["BLOCK_T"], cfg["BLOCK_ND"]
     nblk = n * triton.cdiv(D, bnd)  # blocks of BLOCK_ND features within each stream
+    desc = _nd_descriptors(x, g_in, bt, bnd)
     # token groups: enough (nD block, group) programs to fill the GPU; partials are [G, MP, nD]
-    G = max(1, min(triton.cdiv(T, bt), triton.cdiv(_programs(dev, cfg["nd_programs"]), nblk)))
+    per_sm = cfg["nd_programs_tma" if desc else "nd_programs"]
+    G = max(1, min(triton.cdiv(T, bt), triton.cdiv(_programs(dev, per_sm), nblk)))
     per_group = triton.cdiv(triton.cdiv(T, G), bt) * bt
     G = triton.cdiv(T, per_group)
     dx = torch.empty(x.shape, dtype=x.dtype, device=dev)
     pphi = torch.empty((G, MP, nD), **f32)
     # dx only needs the 16-bit precision of its own dtype: two fewer split terms than float32 needs
-    desc = _nd_descriptors(x, g_in, bt, bnd)
     warps, nst = nd_launch(cfg, MP, x.element_size(), desc is not None)
     xa, ga = desc if desc else (x, g_in)
     K._bwd_nd_kernel[(nblk, G)](
