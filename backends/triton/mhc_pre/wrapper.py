@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
 
 from . import kernels as K
 
@@ -77,8 +76,14 @@ def nd_launch(cfg: dict, MP: int, itemsize: int, tma: bool = False) -> tuple[int
     return warps, stages(cfg["nd_stages"], 3 * MP * 2 * cfg["BLOCK_T"] + tile * (2 if tma else 1))
 
 
+# Host-side integer helpers in plain Python: triton.cdiv and next_power_of_2 are constexpr functions
+# whose calls cost microseconds each on the host, and a forward + backward makes about twenty.
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _p2(v: int) -> int:
-    return triton.next_power_of_2(max(1, v))
+    return 1 << (max(1, v) - 1).bit_length()
 
 
 def _programs(device: torch.device, per_sm: int) -> int:
@@ -111,16 +116,16 @@ def mhc_pre_forward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: 
     f32 = dict(dtype=torch.float32, device=dev)
     wparts = torch.empty((3, MP, nD), dtype=torch.bfloat16, device=dev)
     wb = cfg["wparts_block"]
-    K._fwd_wparts_kernel[(triton.cdiv(nD, wb),)](
+    K._fwd_wparts_kernel[(_cdiv(nD, wb),)](
         phi, gamma if gamma is not None else phi, wparts, nD, M, *phi.stride(),
         HAS_GAMMA=gamma is not None, MP=MP, BLOCK=wb)
     bt = cfg["gemm_t"]
     warps, nst, bk = gemm_launch(cfg, MP, x.element_size())
     # K tiles: BLOCK_K features of one stream; split-K over them fills the GPU even at small T
-    ntb, nk = triton.cdiv(T, bt), n * triton.cdiv(D, bk)
-    ksplit = max(1, min(nk, triton.cdiv(_programs(dev, cfg["gemm_programs"]), ntb)))
-    kchunk = triton.cdiv(nk, ksplit)
-    ksplit = triton.cdiv(nk, kchunk)
+    ntb, nk = _cdiv(T, bt), n * _cdiv(D, bk)
+    ksplit = max(1, min(nk, _cdiv(_programs(dev, cfg["gemm_programs"]), ntb)))
+    kchunk = _cdiv(nk, ksplit)
+    ksplit = _cdiv(nk, kchunk)
     part = torch.empty((ksplit, T, MP), **f32)
     ssq = torch.empty((ksplit, T), **f32)
     K._fwd_gemm_kernel[(ksplit, ntb)](
@@ -134,7 +139,7 @@ def mhc_pre_forward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: 
     inv = torch.empty((T,), **f32)
     h_pre = torch.empty((T, n), **f32)
     mt = cfg["mix_t"]
-    K._fwd_mix_kernel[(triton.cdiv(T, mt),)](
+    K._fwd_mix_kernel[(_cdiv(T, mt),)](
         x, part, ssq, alpha, bias, h_in, h_post, h_res, h_mix, inv, h_pre,
         T, S, n, D, nD, M, ksplit, norm_eps, hc_eps, post_mult, *x.stride(),
         MP=MP, NP=NP, BLOCK_T=mt, BLOCK_D=min(_p2(D), max(16, cfg["mix_elems"] // (mt * NP))),
@@ -182,7 +187,7 @@ def mhc_pre_backward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma:
     cfg, dev = CONFIG, x.device
     f32 = dict(dtype=torch.float32, device=dev)
     tt = cfg["tok_t"]
-    ntb = triton.cdiv(T, tt)
+    ntb = _cdiv(T, tt)
     dh_mix = torch.empty((3, T, MP), dtype=torch.bfloat16, device=dev)
     coef = torch.empty((T,), **f32)
     pcol = torch.empty((ntb, 2, MP), **f32)
@@ -193,13 +198,13 @@ def mhc_pre_backward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma:
         num_warps=cfg["tok_warps"])
 
     bt, bnd = cfg["BLOCK_T"], cfg["BLOCK_ND"]
-    nblk = n * triton.cdiv(D, bnd)  # blocks of BLOCK_ND features within each stream
+    nblk = n * _cdiv(D, bnd)  # blocks of BLOCK_ND features within each stream
     desc = _nd_descriptors(x, g_in, bt, bnd)
     # token groups: enough (nD block, group) programs to fill the GPU; partials are [G, MP, nD]
     per_sm = cfg["nd_programs_tma" if desc else "nd_programs"]
-    G = max(1, min(triton.cdiv(T, bt), triton.cdiv(_programs(dev, per_sm), nblk)))
-    per_group = triton.cdiv(triton.cdiv(T, G), bt) * bt
-    G = triton.cdiv(T, per_group)
+    G = max(1, min(_cdiv(T, bt), _cdiv(_programs(dev, per_sm), nblk)))
+    per_group = _cdiv(_cdiv(T, G), bt) * bt
+    G = _cdiv(T, per_group)
     dx = torch.empty(x.shape, dtype=x.dtype, device=dev)
     pphi = torch.empty((G, MP, nD), **f32)
     # dx only needs the 16-bit precision of its own dtype: two fewer split terms than float32 needs
@@ -219,7 +224,7 @@ def mhc_pre_backward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma:
     dbias = torch.empty((M,), **f32)
     rnd = cfg["red_nd"]
     g = gamma if gamma is not None else phi
-    K._bwd_reduce_kernel[(triton.cdiv(nD, rnd) + 1,)](
+    K._bwd_reduce_kernel[(_cdiv(nD, rnd) + 1,)](
         pphi, pcol, phi, g, dphi, dgamma if dgamma is not None else dphi, dalpha, dbias,
         n, nD, M, G, ntb, *phi.stride(), HAS_GAMMA=gamma is not None, MP=MP, BLOCK_ND=rnd,
         BLOCK_R=cfg["red_r"], num_warps=cfg["red_warps"])
