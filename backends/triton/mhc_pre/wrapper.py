@@ -26,8 +26,8 @@ GPU_CONFIG = {
     "gemm_t": 64, "gemm_k": 128, "gemm_programs": 2, "gemm_warps": 4, "gemm_stages": 3,
     "mix_t": 8, "mix_elems": 8192, "mix_warps": 4,
     "tok_t": 16, "tok_elems": 8192, "tok_warps": 8,
-    "BLOCK_T": 32, "BLOCK_ND": 128, "nd_programs": 16, "nd_programs_tma": 24, "nd_warps": 4, "nd_stages": 3,
-    "red_nd": 128, "red_r": 256, "red_warps": 8, "wparts_block": 128,
+    "BLOCK_T": 32, "BLOCK_ND": 128, "nd_programs": 16, "nd_programs_tma": 20, "nd_warps": 4, "nd_stages": 3,
+    "red_nd": 64, "red_r": 256, "red_warps": 8, "wparts_block": 128,
 }
 # The dx/dphi kernel's tiles, retimed on an H100 (bf16, T=16384, n=4, .scratch/mhc_tune.py on branch
 # mhc-nd-tiles, all in one run): 128-feature blocks with 4 warps, 3 stages and 16 programs per SM give a
@@ -43,7 +43,9 @@ GPU_CONFIG = {
 #   - mix: 8-token blocks: 445 vs 448 us (16) and 751 vs 755; 32-token blocks 460;
 #   - dx/dphi with TMA: BLOCK_T 64 887-918 us vs 802 (D=4096), 16: 969; BLOCK_ND 64: 971, 256 (8 warps):
 #     1118; 2 stages 925, 4: 804; 24 programs per SM 800 vs 805 (but 876 vs 862 on the pointer path,
-#     hence a count per path);
+#     hence a count per path). Per kernel (torch.profiler, .scratch/red_var.py), dx/dphi + reduce at
+#     12/16/20/24 programs per SM: 554+17, 540+19, 528+24, 531+27 us; reduce over 64-feature blocks 24.7
+#     vs 26.9 us (128), 32-feature (2 warps) 50.9;
 #   - token kernel (8, 32 tokens; 4 warps; 4096 or 16384 elements) and reduce kernel (32 or 64 features;
 #     4 warps): none beyond the noise (+-5 us).
 CONFIG = dict(CPU_CONFIG if INTERPRET else GPU_CONFIG)
