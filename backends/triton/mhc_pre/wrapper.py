@@ -172,6 +172,8 @@ def _nd_descriptors(x: Tensor, g_in: Tensor, bt: int, bnd: int) -> tuple[object,
     sx, sg, es = _tokens_2d(x, B, S), _tokens_2d(g_in, B, S), x.element_size()
     if sx is None or sg is None or x.stride(3) != 1 or g_in.stride(2) != 1 or g_in.dtype != x.dtype:
         return None
+    if min(sx, sg, x.stride(2)) <= 0:  # broadcast (stride-0) tokens or streams: pointers handle them
+        return None
     if any((v * es) % 16 for v in (sx, x.stride(2), sg)) or x.data_ptr() % 16 or g_in.data_ptr() % 16:
         return None
     from triton.tools.tensor_descriptor import TensorDescriptor
