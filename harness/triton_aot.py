@@ -42,6 +42,16 @@ def compile_target(target: dict, arch: int = 90) -> object:
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options or None)
 
 
+def as_descriptors(target: dict, blocks: dict[str, tuple[str, tuple[int, ...]]]) -> dict:
+    """Marks arguments of ``target`` as TMA tensor descriptors, ``{argument: (element type such as "bf16",
+    block shape)}``, as a launch with ``triton.tools.tensor_descriptor.TensorDescriptor`` arguments
+    specializes them. A descriptor is not a pointer: it leaves the divisibility hints ("aligned")."""
+    for arg, (ty, block) in blocks.items():
+        target["signature"][arg] = f"tensordesc<{ty}[{', '.join(str(b) for b in block)}]>"
+    target["aligned"] = tuple(a for a in target.get("aligned", ()) if a not in blocks)
+    return target
+
+
 def resource_problem(kernel: object, arch: int = 90) -> str | None:
     """Why a compiled kernel would fail to launch on ``arch`` (shared memory), or None."""
     shared = getattr(getattr(kernel, "metadata", None), "shared", 0) or 0

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from harness.triton_aot import as_descriptors
+
 from . import kernels as K
 from .wrapper import GPU, GPU_F16, GPU_FP32, Gemm
 
@@ -50,11 +52,8 @@ def _descriptors(target: dict, dtype: torch.dtype, g: Gemm, blocks: dict[str, st
     BM, BN, BK} (default: the logits' h [BM, BK] and W [BN, BK])."""
     ty = _PTR[dtype][1:]
     sizes = {"BM": g.BM, "BN": g.BN, "BK": g.BK}
-    for arg, block in (blocks or {"h_ptr": "BM,BK", "w_ptr": "BN,BK"}).items():
-        dims = ", ".join(str(sizes[d]) for d in block.split(","))
-        target["signature"][arg] = f"tensordesc<{ty}[{dims}]>"
-        target["aligned"] = tuple(a for a in target["aligned"] if a != arg)
-    return target
+    return as_descriptors(target, {arg: (ty, tuple(sizes[d] for d in block.split(",")))
+                                   for arg, block in (blocks or {"h_ptr": "BM,BK", "w_ptr": "BN,BK"}).items()})
 
 
 def _cfg(dtype: torch.dtype):

@@ -9,6 +9,8 @@ tensors at production sizes.
 
 from __future__ import annotations
 
+from harness.triton_aot import as_descriptors
+
 from . import kernels as K
 from .wrapper import GPU_CONFIG as C
 from .wrapper import gemm_launch, nd_launch
@@ -57,10 +59,7 @@ def _tma_nd(target: dict, dtype: str) -> dict:
     """The dx/dphi kernel's TMA launch: x as a [T, n, D] descriptor of [BLOCK_T, 1, BLOCK_ND] blocks,
     g_in as [T, D] of [BLOCK_T, BLOCK_ND] (wrapper._nd_descriptors)."""
     bt, bnd, ty = C["BLOCK_T"], C["BLOCK_ND"], _PTR[dtype][1:]
-    for arg, block in (("x_ptr", f"{bt}, 1, {bnd}"), ("gin_ptr", f"{bt}, {bnd}")):
-        target["signature"][arg] = f"tensordesc<{ty}[{block}]>"
-    target["aligned"] = [a for a in target["aligned"] if a not in ("x_ptr", "gin_ptr")]
-    return target
+    return as_descriptors(target, {"x_ptr": (ty, (bt, 1, bnd)), "gin_ptr": (ty, (bt, bnd))})
 
 
 def aot_targets() -> list[dict]:
