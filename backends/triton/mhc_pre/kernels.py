@@ -22,7 +22,11 @@ all slower than these kernels in the same run (bf16, T=16384, n=4; branches keep
     the re-read misses (1.43 GB of DRAM reads): 1.0 vs 0.88 ms (H100);
   - mhc-fwd-gluon: Gluon, warp-specialized; teams of D/64 programs keep x in shared memory (TMA ring)
     across two global meetings per token block: x leaves DRAM once, but the per-block chain of
-    release/poll/L2 round trips bounds it: 0.50 vs 0.46 ms (H100, D=4096), 1.28 vs 0.78 (D=7168).
+    release/poll/L2 round trips bounds it: 0.50 vs 0.46 ms (H100, D=4096), 1.28 vs 0.78 (D=7168);
+  - mhc-fwd-chunked: one persistent cooperative launch over L2-sized token chunks (GEMM items, a global
+    meeting, then each program mixes the slice its own GEMM item read, so the re-read hits L2: 628 MB of
+    DRAM reads), but the short phases stream below the separate kernels: 0.57 vs 0.44 ms (H100, D=4096),
+    1.09 vs 0.76 (D=7168).
 The re-read distance in bytes is about the GPU's bandwidth times one item's duration, i.e. about L2's
 size for items long enough to stream well. Keeping the next loads in flight across the meeting (TMA,
 mbarriers, warp specialisation: mhc-fwd-gluon) is not enough while the meeting goes through global
