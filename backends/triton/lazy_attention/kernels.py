@@ -217,14 +217,24 @@ def _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, o
 
 
 @triton.jit
-def _bwd_rows(Q, DO, LSE, Tau, b, h, bh, offs_m, offs_d, sqb, sqh, sql, sqd, sdob, sdoh, sdol, sdod, stau, L):
-    """A query block's q, dO, lse2 and c = tau / (i + 1), as the Delta and dq kernels both start."""
+def _bwd_block(Q, DO, Tau, LSE, sqb, sqh, sql, sqd, sdob, sdoh, sdol, sdod, stau, H, L,
+               DH: tl.constexpr, BLOCK: tl.constexpr):
+    """How the Delta and dq kernels both start: this program's query block (pid_m, head h, batch b), its
+    rows, and their q, dO, lse2 and c = tau / (i + 1)."""
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    m0 = pid_m * BLOCK
+    offs_m = m0 + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, DH)
+    rows = offs_m < L
+    bh = b * H + h
     q = _load_rows(Q + b * sqb + h * sqh, offs_m, sql, sqd, offs_d, L)
     g = _load_rows(DO + b * sdob + h * sdoh, offs_m, sdol, sdod, offs_d, L)
     # padded rows: lse = +inf makes p = 0 there, so they add nothing to any sum
     lse2 = tl.load(LSE + bh * L + offs_m, mask=offs_m < L, other=float("inf"))
     c = tl.load(Tau + h * stau) / (offs_m + 1).to(tl.float32)
-    return q, g, lse2, c
+    return pid_m, h, b, bh, m0, offs_m, offs_d, rows, q, g, lse2, c
 
 
 @triton.jit
@@ -235,16 +245,8 @@ def _lazy_bwd_delta_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, TauPart,
     # Delta_i = sum_j p dp over the key blocks of one query block, from float32 p and dp, and this block's
     # share of dtau = sum_i 1/(i+1) sum_j dp. A kernel of its own: without the dq kernel's [BLOCK, DH]
     # accumulator its key and value loads can be pipelined.
-    pid_m = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    m0 = pid_m * BLOCK_M
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, DH)
-    rows = offs_m < L
-    bh = b * H + h
-    q, g, lse2, c = _bwd_rows(Q, DO, LSE, Tau, b, h, bh, offs_m, offs_d, sqb, sqh, sql, sqd,
-                              sdob, sdoh, sdol, sdod, stau, L)
+    pid_m, h, b, bh, m0, offs_m, offs_d, rows, q, g, lse2, c = _bwd_block(
+        Q, DO, Tau, LSE, sqb, sqh, sql, sqd, sdob, sdoh, sdol, sdod, stau, H, L, DH, BLOCK_M)
     k_base = K + b * skb + h * skh
     v_base = V + b * svb + h * svh
     bias_row = Bias + h * sbh
@@ -278,16 +280,8 @@ def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
     # BLOCK: query rows, and the key block wherever the bias table or the diagonal is met (the dbias
     # diagonal sums need square tiles); BLOCK_F: key block far from the diagonal (distance >= W: no
     # dbias, no mask, any tile shape).
-    pid_m = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    m0 = pid_m * BLOCK
-    offs_m = m0 + tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, DH)
-    rows = offs_m < L
-    bh = b * H + h
-    q, g, lse2, c = _bwd_rows(Q, DO, LSE, Tau, b, h, bh, offs_m, offs_d, sqb, sqh, sql, sqd,
-                              sdob, sdoh, sdol, sdod, stau, L)
+    pid_m, h, b, bh, m0, offs_m, offs_d, rows, q, g, lse2, c = _bwd_block(
+        Q, DO, Tau, LSE, sqb, sqh, sql, sqd, sdob, sdoh, sdol, sdod, stau, H, L, DH, BLOCK)
     k_base = K + b * skb + h * skh
     v_base = V + b * svb + h * svh
     bias_row = Bias + h * sbh
