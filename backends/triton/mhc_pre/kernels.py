@@ -26,7 +26,11 @@ all slower than these kernels in the same run (bf16, T=16384, n=4; branches keep
   - mhc-fwd-chunked: one persistent cooperative launch over L2-sized token chunks (GEMM items, a global
     meeting, then each program mixes the slice its own GEMM item read, so the re-read hits L2: 628 MB of
     DRAM reads), but the short phases stream below the separate kernels: 0.57 vs 0.44 ms (H100, D=4096),
-    1.09 vs 0.76 (D=7168).
+    1.09 vs 0.76 (D=7168);
+  - mhc-fwd-sm: two programs per SM (by %smid), a ticketed GEMM streamer and a mixer of the same SM's
+    queue, throttled to a lag: items long enough to stream keep too much x in flight and the re-read
+    misses (1.07 GB of DRAM reads); short ones stall on the cross-SM chain of block completions: 0.39 vs
+    0.35 ms at best (H200, D=4096), 0.72 vs 0.59 (D=7168).
 The re-read distance in bytes is about the GPU's bandwidth times one item's duration, i.e. about L2's
 size for items long enough to stream well. Keeping the next loads in flight across the meeting (TMA,
 mbarriers, warp specialisation: mhc-fwd-gluon) is not enough while the meeting goes through global
