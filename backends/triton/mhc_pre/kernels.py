@@ -340,16 +340,14 @@ def _nd_tma_loop(x_desc, g_desc, dx_ptr, dhmix_ptr, coef_ptr, hpre_ptr, p0, p1, 
     16% slower: H100, D=4096.)"""
     nit = tl.cdiv(t_hi - t_lo, BLOCK_T)
     rows = t_lo + (nit - 1) * BLOCK_T + tl.arange(0, BLOCK_T)
-    ncf = tl.load(coef_ptr + rows, mask=rows < t_hi, other=0.0)
-    nhp = tl.load(hpre_ptr + rows.to(tl.int64) * n + k, mask=rows < t_hi, other=0.0)
+    ncf, nhp = _token_scalars(coef_ptr, hpre_ptr, rows, rows < t_hi, n, k)
     for i in range(nit):
         t0 = t_lo + (nit - 1 - i) * BLOCK_T
         cur = t0 + tl.arange(0, BLOCK_T)
         cf = ncf
         hp = nhp
         rows = cur - BLOCK_T
-        ncf = tl.load(coef_ptr + rows, mask=rows >= t_lo, other=0.0)
-        nhp = tl.load(hpre_ptr + rows.to(tl.int64) * n + k, mask=rows >= t_lo, other=0.0)
+        ncf, nhp = _token_scalars(coef_ptr, hpre_ptr, rows, rows >= t_lo, n, k)
         xt = tl.trans(tl.reshape(x_desc.load([t0, k, d0]), [BLOCK_T, BLOCK_ND]))
         gi = tl.trans(g_desc.load([t0, d0])).to(tl.float32)
         acc_phi = _nd_tile(xt, gi, cf, hp, cur, (cur < t_hi)[None, :], dx_ptr, dhmix_ptr, p0, p1, p2, acc_phi,
@@ -374,8 +372,7 @@ def _nd_ptr_loop(x_ptr, gin_ptr, dx_ptr, dhmix_ptr, coef_ptr, hpre_ptr, p0, p1, 
     gs = (rows // S).to(tl.int64)[None, :] * sgb + (rows % S).to(tl.int64)[None, :] * sgs
     nx = tl.load(x_ptr + bs + xoff, mask=nmask & dm[:, None], other=0.0)
     ng = tl.load(gin_ptr + gs + goff, mask=nmask & dm[:, None], other=0.0)
-    ncf = tl.load(coef_ptr + rows, mask=rows < t_hi, other=0.0)
-    nhp = tl.load(hpre_ptr + rows.to(tl.int64) * n + k, mask=rows < t_hi, other=0.0)
+    ncf, nhp = _token_scalars(coef_ptr, hpre_ptr, rows, rows < t_hi, n, k)
     for _ in range(nit):
         cur = rows
         r2 = nmask
@@ -389,11 +386,17 @@ def _nd_ptr_loop(x_ptr, gin_ptr, dx_ptr, dhmix_ptr, coef_ptr, hpre_ptr, p0, p1, 
         gs = (rows // S).to(tl.int64)[None, :] * sgb + (rows % S).to(tl.int64)[None, :] * sgs
         nx = tl.load(x_ptr + bs + xoff, mask=nmask & dm[:, None], other=0.0)
         ng = tl.load(gin_ptr + gs + goff, mask=nmask & dm[:, None], other=0.0)
-        ncf = tl.load(coef_ptr + rows, mask=rows >= t_lo, other=0.0)
-        nhp = tl.load(hpre_ptr + rows.to(tl.int64) * n + k, mask=rows >= t_lo, other=0.0)
+        ncf, nhp = _token_scalars(coef_ptr, hpre_ptr, rows, rows >= t_lo, n, k)
         acc_phi = _nd_tile(xt, gi, cf, hp, cur, r2, dx_ptr, dhmix_ptr, p0, p1, p2, acc_phi,
                            T, nD, j, dm, X_PARTS, MM_ORDER, MP, BLOCK_ND, BLOCK_T, EMU)
     return acc_phi
+
+
+@triton.jit
+def _token_scalars(coef_ptr, hpre_ptr, rows, mask, n, k):
+    """The dinv_rms coefficient and h_pre[k] of a tile's tokens (zero where masked)."""
+    return (tl.load(coef_ptr + rows, mask=mask, other=0.0),
+            tl.load(hpre_ptr + rows.to(tl.int64) * n + k, mask=mask, other=0.0))
 
 
 @triton.jit
