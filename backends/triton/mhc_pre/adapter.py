@@ -6,7 +6,8 @@ from harness.registry import interpreted
 _DIR = "backends/triton/mhc_pre/"
 
 register_backend(Backend(
-    operator="mhc_pre", name="triton", impl=".wrapper:mhc_pre_triton", package=__package__,
+    operator="mhc_pre", name="triton", impl=".wrapper:forward_saved", backward=".wrapper:backward_saved",
+    package=__package__,
     devices=("cuda", "cpu"), interpret=True, requires=("triton",),
     dtypes=("float32", "bfloat16", "float16"),
     # tiles of the dx / dphi kernel: BLOCK_ND features of one stream (blocks restart at each stream)

@@ -1,4 +1,5 @@
-"""Launch helpers, the autograd Function and the user-facing ``mhc_pre_triton`` (specs/mhc_pre.md)."""
+"""Launch helpers, the autograd Function, the user-facing ``mhc_pre_triton`` and the harness's (forward, backward)
+pair (specs/mhc_pre.md)."""
 
 from __future__ import annotations
 
@@ -253,15 +254,40 @@ class MhcPreFunction(torch.autograd.Function):
         return dx, dphi, dalpha, dbias, dgamma, None, None, None
 
 
-def mhc_pre_triton(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None = None, *,
-                   norm_eps: float = 1e-6, hc_eps: float = 1e-6, post_mult: float = 2.0) -> dict[str, Tensor]:
-    """mHC pre-mix with Triton kernels: h_in [B,S,D] (x.dtype), h_post [B,S,n], h_res [B,S,n,n] (fp32)."""
+def _operands(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None
+              ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """alpha, bias, gamma as the kernels index them (dense float32); a clear error otherwise."""
     for name, t in (("phi", phi), ("alpha", alpha), ("bias", bias), ("gamma", gamma)):
         if t is not None and t.dtype != torch.float32:
             raise ValueError(f"mhc_pre_triton: {name} must be float32, got {t.dtype}")
     # the kernels index these densely; x and the upstream gradients may have any strides
-    alpha, bias = alpha.contiguous(), bias.contiguous()
-    gamma = gamma.contiguous() if gamma is not None else None
+    return alpha.contiguous(), bias.contiguous(), gamma.contiguous() if gamma is not None else None
+
+
+def mhc_pre_triton(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None = None, *,
+                   norm_eps: float = 1e-6, hc_eps: float = 1e-6, post_mult: float = 2.0) -> dict[str, Tensor]:
+    """mHC pre-mix with Triton kernels: h_in [B,S,D] (x.dtype), h_post [B,S,n], h_res [B,S,n,n] (fp32)."""
+    alpha, bias, gamma = _operands(x, phi, alpha, bias, gamma)
     h_in, h_post, h_res = MhcPreFunction.apply(x, phi, alpha, bias, gamma, float(norm_eps), float(hc_eps),
                                                float(post_mult))
     return {"h_in": h_in, "h_post": h_post, "h_res": h_res}
+
+
+# The harness's pair of callables (forward -> (outputs, saved); backward(saved, grads) -> gradients), as
+# the golden backend registers them: the same kernels as mhc_pre_triton, without autograd's engine between
+# the timer and the kernels. Through autograd, a backward at T=16384, n=4, D=4096 costs 0.76-1.05 ms of CPU
+# on some hosts (an H100 machine, .scratch/host_time.py), more than its 0.79 ms of kernels.
+def forward_saved(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None = None, *,
+                  norm_eps: float = 1e-6, hc_eps: float = 1e-6, post_mult: float = 2.0) -> tuple[dict, tuple]:
+    alpha, bias, gamma = _operands(x, phi, alpha, bias, gamma)
+    h_in, h_post, h_res, h_mix, inv, h_pre, wparts = mhc_pre_forward(
+        x, phi, alpha, bias, gamma, float(norm_eps), float(hc_eps), float(post_mult))
+    saved = (x, phi, alpha, bias, gamma, h_mix, inv, h_pre, wparts, float(post_mult))
+    return {"h_in": h_in, "h_post": h_post, "h_res": h_res}, saved
+
+
+def backward_saved(saved: tuple, grads: dict[str, Tensor]) -> dict[str, Tensor | None]:
+    *fwd, post_mult = saved
+    dx, dphi, dalpha, dbias, dgamma = mhc_pre_backward(*fwd, grads["h_in"], grads["h_post"], grads["h_res"],
+                                                       post_mult)
+    return {"x": dx, "phi": dphi, "alpha": dalpha, "bias": dbias, "gamma": dgamma}
