@@ -86,16 +86,22 @@ def _fwd_out_range(q, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m,
 
 
 @triton.jit
+def _query_block(BLOCK: tl.constexpr, DH: tl.constexpr):
+    """This program's query block of a (query block, head, batch) grid: its index, head h, batch b, first
+    row m0, the BLOCK row offsets and the DH feature offsets."""
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    m0 = pid_m * BLOCK
+    return pid_m, h, b, m0, m0 + tl.arange(0, BLOCK), tl.arange(0, DH)
+
+
+@triton.jit
 def _lazy_fwd_lse_kernel(Q, K, Bias, LSE, sqb, sqh, sql, sqd, skb, skh, skl, skd, sbh, sbw, H, L, W, qk_scale,
                          DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_L: tl.constexpr, PREC: tl.constexpr):
     # The LSE pass, a kernel of its own: without the output accumulator it needs far fewer registers
     # than the output pass, so more programs share an SM (and it takes its own tile shape).
-    pid_m = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    m0 = pid_m * BLOCK_M
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, DH)
+    pid_m, h, b, m0, offs_m, offs_d = _query_block(BLOCK_M, DH)
     q = _load_rows(Q + b * sqb + h * sqh, offs_m, sql, sqd, offs_d, L)
     k_base = K + b * skb + h * skh
     bias_row = Bias + h * sbh
@@ -120,12 +126,7 @@ def _lazy_fwd_kernel(Q, K, V, Bias, Tau, LSE, O,
                      sbh, sbw, stau, H, L, W, qk_scale,
                      DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
     # The output pass, from the LSE kernel's lse2
-    pid_m = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    m0 = pid_m * BLOCK_M
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, DH)
+    pid_m, h, b, m0, offs_m, offs_d = _query_block(BLOCK_M, DH)
     rows = offs_m < L
     q = _load_rows(Q + b * sqb + h * sqh, offs_m, sql, sqd, offs_d, L)
     k_base = K + b * skb + h * skh
@@ -221,12 +222,7 @@ def _bwd_block(Q, DO, Tau, LSE, sqb, sqh, sql, sqd, sdob, sdoh, sdol, sdod, stau
                DH: tl.constexpr, BLOCK: tl.constexpr):
     """How the Delta and dq kernels both start: this program's query block (pid_m, head h, batch b), its
     rows, and their q, dO, lse2 and c = tau / (i + 1)."""
-    pid_m = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    m0 = pid_m * BLOCK
-    offs_m = m0 + tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, DH)
+    pid_m, h, b, m0, offs_m, offs_d = _query_block(BLOCK, DH)
     rows = offs_m < L
     bh = b * H + h
     q = _load_rows(Q + b * sqb + h * sqh, offs_m, sql, sqd, offs_d, L)
@@ -456,12 +452,7 @@ def _lazy_bwd_dq_ds_kernel(K, DS, DQ, skb, skh, skl, skd, sdqb, sdqh, sdql, sdqd
                            DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
     # dq = scale * sum_j ds[i, j] k_j from the ds strips of _lazy_bwd_dkdv_kernel (same BLOCK_N): a
     # streaming GEMM over the key blocks up to the diagonal, each tile BLOCK_M contiguous rows of a strip
-    pid_m = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    m0 = pid_m * BLOCK_M
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, DH)
+    pid_m, h, b, m0, offs_m, offs_d = _query_block(BLOCK_M, DH)
     offs_j = tl.arange(0, BLOCK_N)
     rows = offs_m < L
     bh = b * H + h
