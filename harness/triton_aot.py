@@ -6,10 +6,17 @@ Each Triton backend package may have ``aot.py`` with ``aot_targets() -> list[dic
 arguments the JIT would find divisible by 16, pointers or integers; this is what vectorizes)}``.
 Compiling them for sm_90 catches what only the GPU compiler sees (layouts, dot shapes, shared
 memory, ptxas) on a CPU-only CI machine. ``python -m harness.triton_aot`` compiles them all.
+
+``--fingerprints FILE`` also writes each target's code fingerprint (a hash of its PTX without line or
+debug information, and its shared memory); ``--compare FILE`` lists the targets whose code differs from
+such a file (exit 1 if any). A refactor meant to leave the generated code alone (a helper extracted, lines
+moved) can so be shown to do that without a GPU, and without rerunning GPU evidence.
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import importlib
 import inspect
 import json
@@ -61,6 +68,20 @@ def resource_problem(kernel: object, arch: int = 90) -> str | None:
     return None
 
 
+def code_fingerprint(kernel: object) -> dict:
+    """What a compiled kernel runs, independent of where its source lines sit: a hash of its PTX without
+    the .loc/.file line records and the debug sections (they carry line numbers), and its shared memory."""
+    lines = []
+    for line in kernel.asm["ptx"].splitlines():
+        s = line.strip()
+        if s.startswith(".section"):  # the debug sections close the file
+            break
+        if not s.startswith((".loc", ".file", "//")):
+            lines.append(line)
+    return {"ptx_sha1": hashlib.sha1("\n".join(lines).encode()).hexdigest()[:16],
+            "shared": getattr(kernel.metadata, "shared", None)}
+
+
 def discover_targets() -> list[tuple[str, dict]]:
     """(backend package, target) for every ``backends/<impl>/<operator>/aot.py`` of the repository."""
     if str(REPO_ROOT) not in sys.path:
@@ -74,22 +95,40 @@ def discover_targets() -> list[tuple[str, dict]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Compile every discovered target; print one JSON line per target; exit 1 if any failed."""
-    argv = sys.argv[1:] if argv is None else argv
-    failed = 0
+    """Compile every discovered target (or those whose id contains a FILTER); print one JSON line per
+    target; exit 1 if any failed, or if --compare finds code that differs."""
+    ap = argparse.ArgumentParser(prog="python -m harness.triton_aot")
+    ap.add_argument("filters", nargs="*", metavar="FILTER", help="substrings of the target ids to compile")
+    ap.add_argument("--fingerprints", metavar="FILE", help="write {id: code fingerprint} as JSON")
+    ap.add_argument("--compare", metavar="FILE", help="a --fingerprints file to compare the code with")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    before = json.loads(Path(args.compare).read_text()) if args.compare else None
+    failed, prints, changed = 0, {}, []
     for package, target in discover_targets():
-        if argv and not any(a in f"{package}:{target['name']}" for a in argv):
+        tid = f"{package}:{target['name']}"
+        if args.filters and not any(a in tid for a in args.filters):
             continue
         t0 = time.perf_counter()
+        row = {"id": tid}
         try:
-            err = resource_problem(compile_target(target))
-            failed += err is not None
+            kernel = compile_target(target)
+            err = resource_problem(kernel)
+            prints[tid] = code_fingerprint(kernel)
+            if before is not None:
+                row["code"] = ("new" if tid not in before else
+                               "same" if before[tid] == prints[tid] else "changed")
+                changed += [tid] if row["code"] != "same" else []
         except Exception as e:  # report every failing kernel, not only the first
             err = f"{type(e).__name__}: {e}"
-            failed += 1
-        print(json.dumps({"id": f"{package}:{target['name']}", "seconds": round(time.perf_counter() - t0, 2),
-                          "error": err}), flush=True)
-    return 1 if failed else 0
+        failed += err is not None
+        row |= {"seconds": round(time.perf_counter() - t0, 2), "error": err}
+        print(json.dumps(row), flush=True)
+    if args.fingerprints:
+        Path(args.fingerprints).write_text(json.dumps(prints, indent=1, sort_keys=True) + "\n")
+    if before is not None:
+        print(f"code compared with {args.compare}: {len(prints) - len(changed)} same, {len(changed)} changed or new"
+              + (": " + ", ".join(changed) if changed else ""), file=sys.stderr)
+    return 1 if failed or changed else 0
 
 
 if __name__ == "__main__":

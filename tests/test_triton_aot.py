@@ -54,3 +54,65 @@ def test_compiles_for_sm90(idx: int, request: pytest.FixtureRequest) -> None:
     assert kernel.asm.get("cubin"), f"{package}:{target['name']}: no cubin produced"
     problem = resource_problem(kernel)
     assert problem is None, f"{package}:{target['name']}: {problem}"
+
+
+FINGERPRINT_SCRIPT = """
+import importlib.util, json, sys
+from harness.triton_aot import code_fingerprint, compile_target
+out = {}
+for name, path in json.loads(sys.argv[1]).items():
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    target = {"name": name, "kernel": mod._scale, "signature": {"x_ptr": "*fp32", "n": "i32", "B": "constexpr"},
+              "constexprs": {"B": 64}}
+    out[name] = code_fingerprint(compile_target(target))
+print(json.dumps(out))
+"""
+KERNEL_SOURCE = """import triton
+import triton.language as tl
+
+
+@triton.jit
+def _scale(x_ptr, n, B: tl.constexpr):
+    i = tl.arange(0, B)
+    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) * 2.0, mask=i < n)
+"""
+
+
+def _no_interpret_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def test_code_fingerprint_ignores_moved_lines_not_changed_code(tmp_path: Path) -> None:
+    sources = {"base": KERNEL_SOURCE, "moved": "# two lines above it now\n\n" + KERNEL_SOURCE,
+               "changed": KERNEL_SOURCE.replace("* 2.0", "* 3.0")}
+    paths = {}
+    for name, text in sources.items():
+        paths[name] = str(tmp_path / f"fp_{name}.py")
+        Path(paths[name]).write_text(text)
+    proc = subprocess.run([sys.executable, "-c", FINGERPRINT_SCRIPT, json.dumps(paths)], cwd=ROOT,
+                          env=_no_interpret_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fp = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert fp["base"] == fp["moved"], "moving source lines changed the fingerprint"
+    assert fp["base"]["ptx_sha1"] != fp["changed"]["ptx_sha1"], "a changed constant kept the fingerprint"
+
+
+def test_compare_exits_1_where_code_differs(tmp_path: Path) -> None:
+    target = "lazy_attention:reduce"
+    prints = tmp_path / "fp.json"
+    run = [sys.executable, "-m", "harness.triton_aot", target]
+    first = subprocess.run(run + ["--fingerprints", str(prints)], cwd=ROOT, env=_no_interpret_env(),
+                           capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    same = subprocess.run(run + ["--compare", str(prints)], cwd=ROOT, env=_no_interpret_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert same.returncode == 0 and '"code": "same"' in same.stdout, same.stdout + same.stderr[-2000:]
+    doctored = {k: {**v, "ptx_sha1": "0" * 16} for k, v in json.loads(prints.read_text()).items()}
+    prints.write_text(json.dumps(doctored))
+    differs = subprocess.run(run + ["--compare", str(prints)], cwd=ROOT, env=_no_interpret_env(),
+                             capture_output=True, text=True, timeout=600)
+    assert differs.returncode == 1 and '"code": "changed"' in differs.stdout, differs.stdout
