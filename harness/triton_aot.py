@@ -70,13 +70,14 @@ def resource_problem(kernel: object, arch: int = 90) -> str | None:
 
 def code_fingerprint(kernel: object) -> dict:
     """What a compiled kernel runs, independent of where its source lines sit: a hash of its PTX without
-    the .loc/.file line records and the debug sections (they carry line numbers), and its shared memory."""
+    the .loc/.file line records, the $L__tmp labels that mark inlined scopes for the debugger, and the
+    debug sections (they carry line numbers), and its shared memory."""
     lines = []
     for line in kernel.asm["ptx"].splitlines():
         s = line.strip()
         if s.startswith(".section"):  # the debug sections close the file
             break
-        if not s.startswith((".loc", ".file", "//")):
+        if not s.startswith((".loc", ".file", "//", "$L__tmp")):
             lines.append(line)
     return {"ptx_sha1": hashlib.sha1("\n".join(lines).encode()).hexdigest()[:16],
             "shared": getattr(kernel.metadata, "shared", None)}
