@@ -87,7 +87,10 @@ def _no_interpret_env() -> dict:
 
 
 def test_code_fingerprint_ignores_moved_lines_not_changed_code(tmp_path: Path) -> None:
-    sources = {"base": KERNEL_SOURCE, "moved": "# two lines above it now\n\n" + KERNEL_SOURCE,
+    helper = KERNEL_SOURCE.replace("tl.load(x_ptr + i, mask=i < n) * 2.0", "_twice(tl.load(x_ptr + i, mask=i < n))")
+    helper = helper.replace("@triton.jit\ndef _scale", "@triton.jit\ndef _twice(v):\n    return v * 2.0\n\n\n"
+                            "@triton.jit\ndef _scale")
+    sources = {"base": KERNEL_SOURCE, "moved": "# two lines above it now\n\n" + KERNEL_SOURCE, "helper": helper,
                "changed": KERNEL_SOURCE.replace("* 2.0", "* 3.0")}
     paths = {}
     for name, text in sources.items():
@@ -98,6 +101,7 @@ def test_code_fingerprint_ignores_moved_lines_not_changed_code(tmp_path: Path) -
     assert proc.returncode == 0, proc.stderr[-3000:]
     fp = json.loads(proc.stdout.strip().splitlines()[-1])
     assert fp["base"] == fp["moved"], "moving source lines changed the fingerprint"
+    assert fp["base"] == fp["helper"], "moving an expression into an inlined helper changed the fingerprint"
     assert fp["base"]["ptx_sha1"] != fp["changed"]["ptx_sha1"], "a changed constant kept the fingerprint"
 
 
