@@ -254,8 +254,7 @@ class MhcPreFunction(torch.autograd.Function):
         return dx, dphi, dalpha, dbias, dgamma, None, None, None
 
 
-def _operands(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None
-              ) -> tuple[Tensor, Tensor, Tensor | None]:
+def _operands(phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
     """alpha, bias, gamma as the kernels index them (dense float32); a clear error otherwise."""
     for name, t in (("phi", phi), ("alpha", alpha), ("bias", bias), ("gamma", gamma)):
         if t is not None and t.dtype != torch.float32:
@@ -267,7 +266,7 @@ def _operands(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor
 def mhc_pre_triton(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None = None, *,
                    norm_eps: float = 1e-6, hc_eps: float = 1e-6, post_mult: float = 2.0) -> dict[str, Tensor]:
     """mHC pre-mix with Triton kernels: h_in [B,S,D] (x.dtype), h_post [B,S,n], h_res [B,S,n,n] (fp32)."""
-    alpha, bias, gamma = _operands(x, phi, alpha, bias, gamma)
+    alpha, bias, gamma = _operands(phi, alpha, bias, gamma)
     h_in, h_post, h_res = MhcPreFunction.apply(x, phi, alpha, bias, gamma, float(norm_eps), float(hc_eps),
                                                float(post_mult))
     return {"h_in": h_in, "h_post": h_post, "h_res": h_res}
@@ -275,11 +274,12 @@ def mhc_pre_triton(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: T
 
 # The harness's pair of callables (forward -> (outputs, saved); backward(saved, grads) -> gradients), as
 # the golden backend registers them: the same kernels as mhc_pre_triton, without autograd's engine between
-# the timer and the kernels. Through autograd, a backward at T=16384, n=4, D=4096 costs 0.76-1.05 ms of CPU
-# on some hosts (an H100 machine, .scratch/host_time.py), more than its 0.79 ms of kernels.
+# the bench's timer and the kernels. Through autograd, a backward at T=16384, n=4, D=4096 cost 0.76-1.05 ms
+# of CPU per call on one H100 machine (0.24-0.57 ms called directly), more than its 0.79 ms of kernels: the
+# bench timed it at 1.09 ms there (reports/bench-mhc_pre.md at 265c9ab).
 def forward_saved(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None = None, *,
                   norm_eps: float = 1e-6, hc_eps: float = 1e-6, post_mult: float = 2.0) -> tuple[dict, tuple]:
-    alpha, bias, gamma = _operands(x, phi, alpha, bias, gamma)
+    alpha, bias, gamma = _operands(phi, alpha, bias, gamma)
     h_in, h_post, h_res, h_mix, inv, h_pre, wparts = mhc_pre_forward(
         x, phi, alpha, bias, gamma, float(norm_eps), float(hc_eps), float(post_mult))
     saved = (x, phi, alpha, bias, gamma, h_mix, inv, h_pre, wparts, float(post_mult))
