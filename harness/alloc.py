@@ -215,5 +215,14 @@ class PoisonedAllocations:
                     out.append(f"write {side} of a buffer {what} (guard element {off}) allocated at {site}")
         return out
 
+    def owns(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` is a view into one of the NaN-poisoned buffers handed out (a result the backend
+        allocated through the harness: a NaN left in it is an element never written)."""
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except (AttributeError, RuntimeError):
+            return False
+        return any(buf.untyped_storage().data_ptr() == ptr for buf, *_ in self.records)
+
     def release(self) -> None:
         self.records.clear()

@@ -1,7 +1,7 @@
 """One cell: (operator, backend, case, dtype) run, compared with the oracle and the floor reference.
 
-This module runs inside a worker process (see worker.py) or in-process; it returns a JSON-able
-dict so that a crash of the backend costs only its own cell.
+This module runs inside a worker process (see worker.py) or in-process; it returns a CellRecord of
+figures (harness/records.py), never a verdict's wording: reports judge the figures when they render.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import math
 import os
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,11 +29,13 @@ from .oracle import (
     microbatch_parts,
     naive_microbatch,
     oracle_and_floor,
+    reference_run,
 )
 from .provenance import file_record
+from .records import CellRecord, ComponentFigures, ContractResult, Status
 from .registry import Backend
 from .spec import Case, Inputs, OperatorSpec, dtype_of
-from .verdict import check_shape, judge
+from .verdict import check_shape, measure, verdict_of
 
 Tensor = torch.Tensor
 
@@ -70,12 +73,15 @@ def call_backend(
         _sync(device)
     modified = [k for k, v in inputs.tensors.items() if isinstance(v, Tensor) and not _same(v.detach(), before[k])]
     modified += [f"grad of {k}" for k, v in grad_outputs.items() if not _same(v, g_before[k])]
+    results = [("out:" + k, v) for k, v in outs.items()] + [("grad:" + k, v) for k, v in grads.items()]
     return {
         "outs": {k: v.detach() for k, v in outs.items() if isinstance(v, Tensor)},
         "grads": {k: (v.detach() if isinstance(v, Tensor) else v) for k, v in grads.items()},
         "modified": modified,
         "guards": poison.violations(),
         "allocations": poison.count,
+        # results living in buffers the harness poisoned: a NaN left there was never written
+        "poisoned": {src for src, v in results if isinstance(v, Tensor) and poison.owns(v)},
         "impl": fwd,
     }
 
@@ -107,6 +113,7 @@ def call_microbatched(
         "modified": [],
         "guards": [],
         "allocations": 0,
+        "poisoned": set(),
         "impl": runs[0]["impl"],
     }
     for key in ("outs", "grads"):
@@ -121,9 +128,14 @@ def call_microbatched(
     return combined
 
 
-def judge_all(
-    op: OperatorSpec, backend: Backend, case: Case, ref: dict, got: dict, k_max: float, k_rms: float
-) -> list[dict]:
+# Per-slice profiles are kept for components whose verdict ratio is above this: below it no rule of
+# today or of a plausible tomorrow calls them failing, and the profiles of every component of a GPU
+# sweep would make the committed reports several times larger.
+PROFILE_FROM_RATIO = 0.25
+
+
+def measure_all(op: OperatorSpec, backend: Backend, case: Case, ref: dict, got: dict) -> list[ComponentFigures]:
+    """The figures of every component of the case (shape, errors, floor, per-slice profiles)."""
     rows = []
     extra = ref["extra"]
     for comp in op.components:
@@ -137,51 +149,74 @@ def judge_all(
         k = table_k.get(name)
         bad = check_shape(comp.name, k, tuple(o.shape), contract)
         if bad is not None:
-            rows.append(bad.to_json())
+            rows.append(bad)
             continue
         kv, ov = comp.select(k, case.params), comp.select(o, case.params)
         rv = floor_samples(ref, comp, case.params)
-        eb = extra.get(comp.name)
-        res, e = judge(comp.name, kv, ov, rv, contract, eb, k_max, k_rms)
-        if res.verdict != "PASS" and e is not None:
-            res.localization = loc.localize(e, kv, ov, comp.axes, res.tol_max, res.tol_rms, backend.blocks, case.params)
-            res.localization["text"] = loc.describe(res.localization)
-            g = loc.grid(e, comp.axes, backend.blocks, case.params)
-            if g is not None:
-                res.localization["grid"] = g
-            res.hint = loc.diagnose(res.localization, res)
-        rows.append(res.to_json())
+        fig, e = measure(comp.name, kv, ov, rv, contract, extra.get(comp.name))
+        fig.poisoned = comp.source in got.get("poisoned", ())
+        v = verdict_of(fig, op.k_max, op.k_rms)
+        if e is not None and (v.failed or v.worst_ratio > PROFILE_FROM_RATIO):
+            floor_err = rv[0] if rv and isinstance(rv[0], Tensor) else None
+            fig.slices = loc.profiles(e, kv, ov, floor_err, comp.axes, backend.blocks, case.params)
+            fig.first_bad, fig.worst = loc.first_and_worst(e, v.tol_max)
+            if v.failed:
+                fig.grid = loc.grid(e, comp.axes, backend.blocks, case.params)
+        rows.append(fig)
     return rows
 
 
-def _determinism(a: dict, b: dict) -> str:
-    same = True
+def _low_precision_yardstick(op: OperatorSpec, case: Case, ref: dict, dtype: torch.dtype,
+                             rows: list[ComponentFigures]) -> None:
+    """The reference computed with its math in the case dtype (e.g. bfloat16), its errors against the
+    oracle per failing component: what "a kernel that computes in bf16" gives, the yardstick a precision
+    diagnosis cites. Only for 16-bit cells with a component over its bound; cached with the oracle."""
+    if dtype == torch.float32 or not any(verdict_of(f, op.k_max, op.k_rms).kind == "bound" for f in rows):
+        return
+    if "lowp" not in ref:
+        try:
+            outs, grads, _ = reference_run(op, ref["inputs"], ref["grad_outputs"], dtype)
+            ref["lowp"] = (outs, grads)
+        except Exception:  # noqa: BLE001 - a reference without a path in that dtype: no yardstick
+            ref["lowp"] = None
+    if ref["lowp"] is None:
+        return
+    outs, grads = ref["lowp"]
+    for fig in rows:
+        comp = op.component(fig.name)
+        got, o = (outs, ref["o_out"]) if comp.kind == "out" else (grads, ref["o_grad"])
+        lv, ov = got.get(comp.tensor_name), o.get(comp.tensor_name)
+        if lv is None or ov is None or lv.shape != ov.shape or fig.kind != "figures":
+            continue
+        d = (comp.select(lv, case.params).double() - comp.select(ov, case.params).double()).abs()
+        d = d[torch.isfinite(d)]
+        if d.numel():
+            fig.lowp_max, fig.lowp_rms = float(d.max()), float(d.pow(2).mean().sqrt())
+
+
+def _determinism(a: dict, b: dict) -> float:
+    """max |run1 - run2| over every output and gradient (0: bitwise the same; inf: NaN or shape apart)."""
+    spread = 0.0
     for key in ("outs", "grads"):
         for n, v in a[key].items():
             w = b[key].get(n)
             if isinstance(v, Tensor) and isinstance(w, Tensor) and not _same(v, w):
-                same = False
-    return "bitwise" if same else "different"
+                if v.shape != w.shape:
+                    return math.inf
+                d = (v.double() - w.double()).abs()
+                d = torch.where(torch.isnan(v) & torch.isnan(w), 0.0, d)
+                spread = max(spread, float(torch.nan_to_num(d, nan=math.inf).max()))
+    return spread
 
 
 def run_cell(
     op: OperatorSpec, backend: Backend, case: Case, dtype_name: str, device: str, seed: int = 0, repeats: int = 2
-) -> dict[str, Any]:
-    """Everything about one cell, as a JSON-able dict."""
+) -> CellRecord:
+    """Everything measured about one cell."""
     t0 = time.time()
     dtype = dtype_of(dtype_name)
-    cell: dict[str, Any] = {
-        "operator": op.name,
-        "backend": backend.name,
-        "dtype": dtype_name,
-        "case": case.to_json(),
-        "device": device,
-        "seed": seed,
-        "status": "PASS",
-        "components": [],
-        "contracts": [],
-        "notes": [],
-    }
+    cell = CellRecord(operator=op.name, backend=backend.name, dtype=dtype_name, case=case, device=device,
+                      seed=seed, matmul_precision=backend.matmul_precision)
     tf32 = backend.matmul_precision == "tf32"
     try:
         ref = oracle_and_floor(op, case, dtype, seed, device, tf32)
@@ -202,66 +237,55 @@ def run_cell(
 
     t1 = time.time()
     got = once()
-    cell["backend_s"] = round(time.time() - t1, 4)
+    cell.backend_s = round(time.time() - t1, 4)
     impl = got.pop("impl")
     try:
-        cell["impl_file"] = file_record(inspect.getsourcefile(impl) or "")
+        cell.impl_file = file_record(inspect.getsourcefile(impl) or "")
     except TypeError:
-        cell["impl_file"] = None
-    rows = judge_all(op, backend, case, ref, got, op.k_max, op.k_rms)
-    cell["components"] = rows
+        cell.impl_file = None
+    cell.components = measure_all(op, backend, case, ref, got)
+    _low_precision_yardstick(op, case, ref, dtype, cell.components)
     marked = ref["extra"].get("_marked")
     if marked is not None:
-        cell["notes"].append(f"kink: {int(marked)} element(s) marked; extra_bound applied")
-        cell["kink_marked"] = int(marked)
-    contracts = cell["contracts"]
-    contracts.append(
-        {
-            "name": "input-unchanged",
-            "ok": not got["modified"],
-            "detail": ("modified: " + ", ".join(got["modified"])) if got["modified"] else "",
-        }
-    )
-    contracts.append(
-        {
-            "name": "guard-bands",
-            "ok": not got["guards"],
-            "detail": "; ".join(got["guards"][:3]),
-            "allocations": got["allocations"],
-        }
-    )
-    if op.invariants is not None and case.microbatches <= 1:
-        inp, g = fresh()
-        fails = op.invariants(got["outs"], got["grads"], inp, case, grad_outputs=g)
-        contracts.append({"name": "invariants", "ok": not fails, "detail": "; ".join(fails[:3])})
+        cell.kink_marked = int(marked)
+    cell.contracts = _contracts(op, backend, case, got, fresh)
     if repeats > 1:
         t2 = time.time()
         again = once()
         # the same call again: next to backend_s, what compilation and other first-call costs took
-        cell["backend_again_s"] = round(time.time() - t2, 4)
+        cell.backend_again_s = round(time.time() - t2, 4)
         again.pop("impl")
-        kind = _determinism(got, again)
-        ok = kind == "bitwise" or not backend.deterministic
-        contracts.append(
-            {
-                "name": "determinism",
-                "ok": ok,
-                "detail": kind + ("" if ok else " across two runs although the backend declares itself deterministic"),
-            }
-        )
+        spread = _determinism(got, again)
+        ok = spread == 0 or not backend.deterministic
+        kind = "bitwise" if spread == 0 else "different"
+        cell.contracts.append(ContractResult(
+            "determinism", ok,
+            kind + ("" if ok else " across two runs although the backend declares itself deterministic"),
+            {"max_spread": spread}))
     if "naive" in got:
-        cell["microbatch"] = _naive_report(op, case, ref, got["naive"])
-    verdicts = [r["verdict"] for r in rows]
-    if any(v == "FAIL" for v in verdicts) or not all(c["ok"] for c in contracts):
-        cell["status"] = "FAIL"
+        cell.microbatch = _naive_report(op, case, ref, got["naive"])
+    verdicts = [verdict_of(f, op.k_max, op.k_rms).verdict for f in cell.components]
+    if any(v == "FAIL" for v in verdicts) or not all(c.ok for c in cell.contracts):
+        cell.status = Status.FAIL
     elif any(v == "SHAPE" for v in verdicts):
-        cell["status"] = "SHAPE"
-    gap = backend.expected_gap(dtype_name, case.tags)
-    if cell["status"] != "PASS" and gap:
-        cell["expected_gap"] = gap
-    cell["reference_s"] = round(t_ref, 4)
-    cell["duration_s"] = round(time.time() - t0, 4)
+        cell.status = Status.SHAPE
+    cell.reference_s = round(t_ref, 4)
+    cell.duration_s = round(time.time() - t0, 4)
     return cell
+
+
+def _contracts(op: OperatorSpec, backend: Backend, case: Case, got: dict, fresh: Callable) -> list[ContractResult]:
+    out = [
+        ContractResult("input-unchanged", not got["modified"],
+                       ("modified: " + ", ".join(got["modified"])) if got["modified"] else ""),
+        ContractResult("guard-bands", not got["guards"], "; ".join(got["guards"][:3]),
+                       {"allocations": got["allocations"]}),
+    ]
+    if op.invariants is not None and case.microbatches <= 1:
+        inp, g = fresh()
+        fails = op.invariants(got["outs"], got["grads"], inp, case, grad_outputs=g)
+        out.append(ContractResult("invariants", not fails, "; ".join(fails[:3])))
+    return out
 
 
 def _naive_report(op: OperatorSpec, case: Case, ref: dict, naive: dict[str, Tensor]) -> dict[str, Any]:
@@ -282,21 +306,10 @@ def _naive_report(op: OperatorSpec, case: Case, ref: dict, naive: dict[str, Tens
 
 def error_cell(
     op_name: str, backend: str, case: Case, dtype: str, device: str, seed: int, status: str, message: str, tb: str = ""
-) -> dict[str, Any]:
-    return {
-        "operator": op_name,
-        "backend": backend,
-        "dtype": dtype,
-        "case": case.to_json(),
-        "device": device,
-        "seed": seed,
-        "status": status,
-        "error": message,
-        "traceback": tb,
-        "components": [],
-        "contracts": [],
-        "notes": [],
-    }
+) -> CellRecord:
+    """A cell without figures: SKIP, ERROR, CRASH or TIMEOUT, with its message."""
+    return CellRecord(operator=op_name, backend=backend, dtype=dtype, case=case, device=device, seed=seed,
+                      status=Status(status), error=message, traceback=tb)
 
 
 def _release(device: str) -> None:
@@ -315,27 +328,26 @@ class OracleOutOfMemory(torch.cuda.OutOfMemoryError):
 
 def safe_run_cell(
     op: OperatorSpec, backend: Backend, case: Case, dtype: str, device: str, seed: int = 0, repeats: int = 2
-) -> dict[str, Any]:
+) -> CellRecord:
     """run_cell, with an exception in the backend turned into an ERROR cell; a failing cell carries the
     digest of its inputs for its repro bundle (see _with_input_digest)."""
     cell = _run_cell_or_error(op, backend, case, dtype, device, seed, repeats)
     return _with_input_digest(cell, op, case, device)
 
 
-def _with_input_digest(cell: dict[str, Any], op: OperatorSpec, case: Case, device: str) -> dict[str, Any]:
+def _with_input_digest(cell: CellRecord, op: OperatorSpec, case: Case, device: str) -> CellRecord:
     """The repro bundle of a failing cell names its inputs by digest. Taken here from the worker's own
     draws, not regenerated later by the parent one cell after another: for the 18 failing cells of
     a V=128256 sweep that regeneration (13 s each on 2 cores) added over a minute to the run's end.
     Not after a device fault, whose CUDA context is gone, nor after running out of memory: the runner
     reruns such a cell, and its draws were just dropped to free the GPU (drawing them again for a
     digest would cost seconds per try)."""
-    if cell["status"] not in ("FAIL", "SHAPE", "ERROR") or cell.get("expected_gap") or is_oom(cell):
+    if cell.status not in (Status.FAIL, Status.SHAPE, Status.ERROR) or is_oom(cell):
         return cell
     from .repro import input_digest
 
     try:
-        cell["inputs_sha256"], cell["inputs_bytes"] = input_digest(op, case, dtype_of(cell["dtype"]),
-                                                                   cell["seed"], device)
+        cell.inputs_sha256, cell.inputs_bytes = input_digest(op, case, dtype_of(cell.dtype), cell.seed, device)
     except Exception:  # noqa: BLE001 - the bundle then regenerates them, as before
         pass
     return cell
@@ -343,7 +355,7 @@ def _with_input_digest(cell: dict[str, Any], op: OperatorSpec, case: Case, devic
 
 def _run_cell_or_error(
     op: OperatorSpec, backend: Backend, case: Case, dtype: str, device: str, seed: int, repeats: int
-) -> dict[str, Any]:
+) -> CellRecord:
     try:
         return run_cell(op, backend, case, dtype, device, seed, repeats)
     except torch.cuda.OutOfMemoryError as e:
@@ -361,13 +373,13 @@ def _run_cell_or_error(
         )
 
 
-def is_oom(cell: dict) -> bool:
+def is_oom(cell: CellRecord) -> bool:
     """An ERROR cell of _out_of_memory_cell (the runner reruns those)."""
-    return cell.get("status") == "ERROR" and str(cell.get("error", "")).startswith("OutOfMemoryError")
+    return cell.status == Status.ERROR and cell.error.startswith("OutOfMemoryError")
 
 
 def _out_of_memory_cell(op: OperatorSpec, backend: Backend, case: Case, dtype: str, device: str, seed: int,
-                        e: Exception) -> dict[str, Any]:
+                        e: Exception) -> CellRecord:
     clear_cache()
     # the "OutOfMemoryError" prefix is what the runner looks for to rerun the cell alone
     who = ("in the harness's oracle (float64 reference and float32 floors: the case is too large "

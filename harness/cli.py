@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 from . import registry
+from .records import CellRecord
 from .spec import as_list
 
 log = logging.getLogger("harness")
@@ -57,13 +58,14 @@ def _resume(tasks: list, dir_: Path, commit: str) -> tuple[list, list[str]]:
     for op in sorted({t.operator for t in tasks}):
         cells, runs = report.load(dir_, op)
         for c in cells:
-            if runs.get(c.get("run_id"), {}).get("commit") == commit:
-                done.add(report.cell_key(c))
-                used.add(c["run_id"])
+            if runs.get(c.run_id or "", {}).get("commit") == commit:
+                done.add(c.key)
+                used.add(c.run_id or "")
     left = []
     for t in tasks:
         case = json.loads(json.dumps(t.case.to_json(), default=str))  # as the report stores it
-        key = report.cell_key({"backend": t.backend, "dtype": t.dtype, "case": case})
+        key = (t.backend, t.dtype, case["name"], json.dumps(case["params"], sort_keys=True),
+               case.get("microbatches", 0))
         if key not in done:
             left.append(t)
     print(f"--resume: {len(tasks) - len(left)} of {len(tasks)} cells already have a result at commit {commit}; "
@@ -116,10 +118,10 @@ def cmd_run(a: argparse.Namespace) -> int:
     bar = _progress(len(plan.tasks), not a.no_progress)
     t0 = time.time()
 
-    def on_cell(cell: dict) -> None:
+    def on_cell(cell: CellRecord) -> None:
         writer.append(cell)
         if bar is not None:
-            bar.set_postfix_str(f"{cell['operator']}/{cell['backend']}/{cell['dtype']} {cell['status']}")
+            bar.set_postfix_str(f"{cell.operator}/{cell.backend}/{cell.dtype} {cell.status.value}")
             bar.update(1)
 
     # the report's earlier timings of these cells on this device class: the longest groups start first
@@ -143,7 +145,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     t_render = time.time()
     paths = writer.render()
     stats["render_s"] = time.time() - t_render
-    print(report.terminal_summary(results))
+    print(report.terminal_summary(results, device_class(device)))
     counts = runner.per_worker_counts(results)
     if len(counts) > 1 or device.startswith("cuda"):
         print("cells per worker: " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
@@ -156,7 +158,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     if busiest:
         print("cell-seconds by backend (first call / again): " + busiest)
     _save_repros(results, a, device)
-    return runner.exit_code(results, plan.explicit)
+    return runner.exit_code(results, plan.explicit, device_class(device))
 
 
 def time_breakdown(stats: dict[str, float]) -> str:
@@ -172,44 +174,42 @@ def time_breakdown(stats: dict[str, float]) -> str:
     return "; ".join(parts)
 
 
-def busiest_backends(results: list[dict], top: int = 5) -> str:
+def busiest_backends(results: list[CellRecord], top: int = 5) -> str:
     """The backends whose cells took longest in all (compilation included): what to look at when a sweep
     is slow. Where the cells timed both calls of the backend (the determinism check calls it twice),
     their sums follow in parentheses, first call / the same call again: the difference is mostly
     compilation (a cold 2xH100 sweep was bound by the CPU cores that compile, see reports/multi-gpu.md)."""
     total: dict[str, list[float]] = {}
     for c in results:
-        if isinstance(c.get("duration_s"), (int, float)):
-            t = total.setdefault(f"{c['operator']}/{c['backend']}", [0.0, 0.0, 0.0, 0])
-            t[0] += c["duration_s"]
-            if isinstance(c.get("backend_again_s"), (int, float)):
-                t[1] += c.get("backend_s") or 0.0
-                t[2] += c["backend_again_s"]
+        if isinstance(c.duration_s, (int, float)):
+            t = total.setdefault(f"{c.operator}/{c.backend}", [0.0, 0.0, 0.0, 0])
+            t[0] += c.duration_s
+            if isinstance(c.backend_again_s, (int, float)):
+                t[1] += c.backend_s or 0.0
+                t[2] += c.backend_again_s
                 t[3] += 1
     ranked = sorted(total.items(), key=lambda kv: -kv[1][0])[:top]
     return ", ".join(f"{k} {v[0]:.0f} s" + (f" ({v[1]:.0f} / {v[2]:.0f})" if v[3] else "") for k, v in ranked)
 
 
-def _save_repros(results: list[dict], a: argparse.Namespace, device: str) -> None:
+def _save_repros(results: list[CellRecord], a: argparse.Namespace, device: str) -> None:
     """A bundle per failing cell; failing hypothesis-drawn cells are first shrunk to a minimal case."""
+    from .judgement import judge_cell
+    from .provenance import device_class
     from .repro import save_bundle
 
-    bad = [
-        c
-        for c in results
-        if c["status"] in ("FAIL", "SHAPE", "ERROR", "CRASH", "TIMEOUT") and not c.get("expected_gap")
-    ]
+    bad = [c for c in results if judge_cell(c, device_class=device_class(device)).failing]
     shrunk: set[tuple] = set()
     for c in bad[:20]:
-        key = (c["operator"], c["backend"], c["dtype"])
-        if "hypothesis" in c["case"].get("tags", []) and key not in shrunk:
+        key = (c.operator, c.backend, c.dtype)
+        if "hypothesis" in c.case.tags and key not in shrunk:
             shrunk.add(key)
             c = _shrink(c, device) or c
         path = save_bundle(c, a.report, registry.plugins_loaded())
         print(f"repro: harness repro {path}")
 
 
-def _shrink(cell: dict, device: str) -> dict | None:
+def _shrink(cell: CellRecord, device: str) -> CellRecord | None:
     from .runner import CellExecutor, plan
     from .strategies import shrink_failure
 
@@ -217,21 +217,19 @@ def _shrink(cell: dict, device: str) -> dict | None:
     last: dict = {}
 
     def fails(case) -> bool:
-        t = plan(
-            [cell["operator"]], "smoke", [cell["backend"]], [cell["dtype"]], device, cases={cell["operator"]: [case]}
-        ).tasks[0]
+        t = plan([cell.operator], "smoke", [cell.backend], [cell.dtype], device, cases={cell.operator: [case]}).tasks[0]
         got = ex.run(t)
-        if got["status"] not in ("PASS", "SKIP"):
+        if got.status.value not in ("PASS", "SKIP"):
             last["cell"] = got
             return True
         return False
 
     try:
-        case = shrink_failure(cell["operator"], device.split(":")[0], fails)
+        case = shrink_failure(cell.operator, device.split(":")[0], fails)
     finally:
         ex.close()
     if case is not None and "cell" in last:
-        print(f"shrunk {cell['case']['name']} to {case.name}")
+        print(f"shrunk {cell.case.name} to {case.name}")
         return last["cell"]
     return None
 
@@ -285,6 +283,7 @@ def cmd_report(a: argparse.Namespace) -> int:
     from .bench import redraw
     from .status import write_status
 
+    _load_plugins(a.plugin)
     root = Path(a.report)
     out = []
     for d in sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []:
@@ -376,6 +375,8 @@ def parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="re-render markdown/JSON reports and reports/STATUS.md")
     rp.add_argument("--report", default="reports")
+    rp.add_argument("--plugin", action="append", default=[],
+                    help="adapter file or module whose backends' declarations apply when re-judging (repeatable)")
     rp.set_defaults(fn=cmd_report)
 
     m = sub.add_parser("mutants", help="run the bug zoo and report the mutation score")

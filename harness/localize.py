@@ -1,16 +1,16 @@
-"""Localization and diagnosis: where along each axis a failing component is wrong, and a likely cause.
-
-A slice (one index, or one block of indices, along an axis) is *bad* when its excess error breaks
-the component's global bounds: max(e_slice) > tol_max or rms(e_slice) > tol_rms. Since the global
-rms is a mean of slice rms values, a component failing on rms has at least one bad slice.
+"""Localization figures: a component's errors, its floor's errors and its oracle per slice along each
+axis (measured in the worker, see profiles()); which slices are bad and what that suggests is decided
+from these figures when a report is rendered (harness/diagnose.py).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
+from .records import MAX_BUCKETS, SliceProfile
 from .spec import Axis
 
 Tensor = torch.Tensor
@@ -58,136 +58,76 @@ def _per_slice(x: Tensor, dim: int, size: int, nslices: int, reduce: str) -> Ten
     raise ValueError(reduce)
 
 
-def localize(
+def profiles(
     e: Tensor,
     k: Tensor,
     o: Tensor,
+    floor_err: Tensor | None,
     axes: tuple[Axis, ...],
-    tol_max: float,
-    tol_rms: float,
     blocks: dict[str, int],
     params: dict,
-) -> dict[str, Any]:
-    """Per-axis bad/zero/non-finite slices, the first bad index and the worst index, as data."""
+) -> list[SliceProfile]:
+    """Per-slice figures of one component along each of its axes (see records.SliceProfile): the
+    backend's excess error, the floor's error, the oracle's magnitude and a per-slice scale fit."""
     k = k.detach().to(torch.float64)
     o = o.detach().to(torch.float64)
-    bad_el = (e > tol_max) | torch.isinf(e)
-    out: dict[str, Any] = {"axes": []}
     if e.numel() == 0:
-        return out
-    if bad_el.any():
-        out["first_bad"] = bad_el.nonzero()[0].tolist()
-    finite_e = torch.where(torch.isinf(e), torch.full_like(e, float("inf")), e)
-    out["worst"] = list(torch.unravel_index(finite_e.argmax(), e.shape)) if e.dim() else []
-    out["worst"] = [int(i) for i in out["worst"]]
-    e_fin = torch.where(torch.isfinite(e), e, torch.zeros_like(e))
-    nonfin = ~torch.isfinite(e)
-    kz = (k == 0) & (o != 0)
-    onz = o != 0
+        return []
+    fin = torch.isfinite(k) & torch.isfinite(o)
+    kf, of = torch.where(fin, k, 0.0), torch.where(fin, o, 0.0)
+    e_fin = torch.where(torch.isfinite(e), e, 0.0)
+    nonfin = (~torch.isfinite(e)).double()
+    fl = torch.zeros_like(e_fin) if floor_err is None else torch.where(
+        torch.isfinite(floor_err), floor_err.detach().to(torch.float64), 0.0)
+    kz = ((k == 0) & (o != 0)).double()
+    onz = (o != 0).double()
+    out = []
     for ax in axes:
         if ax.dim >= e.dim():
             continue
         n = e.shape[ax.dim]
         size = block_size(ax, blocks, params)
         ns = -(-n // size)
-        smax = _per_slice(e, ax.dim, size, ns, "max")
-        counts = _per_slice(torch.ones_like(e_fin), ax.dim, size, ns, "count")
-        srms = (_per_slice(e_fin, ax.dim, size, ns, "sumsq") / counts.clamp_min(1)).sqrt()
-        bad = ((smax > tol_max) | (srms > tol_rms)).nonzero().flatten().tolist()
-        nzero = _per_slice(kz.double(), ax.dim, size, ns, "count")
-        nonz_o = _per_slice(onz.double(), ax.dim, size, ns, "count")
-        zero = ((nzero == nonz_o) & (nonz_o > 0)).nonzero().flatten().tolist()
-        nf = (_per_slice(nonfin.double(), ax.dim, size, ns, "count") > 0).nonzero().flatten().tolist()
-        out["axes"].append(
-            {
-                "axis": ax.name,
-                "block": size,
-                "slices": ns,
-                "extent": n,
-                "bad": bad,
-                "zero": zero,
-                "nonfinite": nf,
-                "slice_max": [round(float(v), 6) for v in smax[:64]],
-            }
-        )
+        bucket = -(-ns // MAX_BUCKETS)
+        group = size * bucket
+        nb = -(-n // group)
+
+        def red(x: Tensor, how: str, group: int = group, nb: int = nb, dim: int = ax.dim) -> Tensor:
+            return _per_slice(x, dim, group, nb, how)
+
+        count = red(torch.ones_like(e_fin), "count")
+        ko, oo, kk = red(kf * of, "count"), red(of * of, "count"), red(kf * kf, "count")
+        scale = torch.where(oo > 0, ko / oo.clamp_min(1e-300), torch.zeros_like(oo))
+        scaled = ((kk - 2 * scale * ko + scale * scale * oo).clamp_min(0) / count.clamp_min(1)).sqrt()
+        nzero, nonz_o = red(kz, "count"), red(onz, "count")
+        out.append(SliceProfile(
+            axis=ax.name, block=size, extent=n, slices=ns, bucket=bucket,
+            err_max=_floats(red(e, "max")),
+            err_rms=_floats((red(e_fin, "sumsq") / count.clamp_min(1)).sqrt()),
+            floor_max=_floats(red(fl, "max")),
+            floor_rms=_floats((red(fl, "sumsq") / count.clamp_min(1)).sqrt()),
+            oracle_max=_floats(red(of.abs(), "max")),
+            count=[int(c) for c in count.tolist()],
+            scale=_floats(scale),
+            scaled_rms=_floats(scaled),
+            zero=((nzero == nonz_o) & (nonz_o > 0)).nonzero().flatten().tolist(),
+            nonfinite=(red(nonfin, "count") > 0).nonzero().flatten().tolist(),
+        ))
     return out
 
 
-def describe(loc: dict[str, Any]) -> str:
-    """'head: 1-3 bad of 4 (0 ok); nD (blocks of 64): 0-4 bad of 6 (5 ok)'."""
-    parts = []
-    for a in loc.get("axes", []):
-        if not a["bad"] or len(a["bad"]) == a["slices"] and a["slices"] == 1:
-            continue
-        unit = f" (blocks of {a['block']})" if a["block"] > 1 else ""
-        ok = sorted(set(range(a["slices"])) - set(a["bad"]))
-        s = f"{a['axis']}{unit}: {ranges(a['bad'])} bad of {a['slices']}"
-        if ok:
-            s += f" ({ranges(ok)} ok)"
-        else:
-            s += " (all)"
-        if a["zero"]:
-            s += f", zeros in {ranges(a['zero'])}"
-        parts.append(s)
-    if "first_bad" in loc:
-        parts.append(f"first bad index {loc['first_bad']}")
-    return "; ".join(parts)
+def _floats(x: Tensor) -> list[float]:
+    return [float(v) for v in x.tolist()]
 
 
-def _last_block_is_full_enough(a: dict[str, Any]) -> bool:
-    """At least half a block: a short tail that happens to be right says little about accumulation."""
-    tail = a.get("extent", a["slices"] * a["block"]) - (a["slices"] - 1) * a["block"]
-    return 2 * tail >= a["block"]
-
-
-def diagnose(loc: dict[str, Any], res: Any) -> str:
-    """A one-line likely cause from the pattern (heuristics, stated as such)."""
-    if res.reason.startswith("all zeros"):
-        return "never written: a missing store, or a store through another tensor's pointer"
-    if res.reason.startswith("non-finite"):
-        if res.nonfinite and res.zero_frac == 0:
-            return (
-                "NaN/Inf where the oracle is finite: elements never written (the harness poisons "
-                "fresh allocations with NaN), an overflow, or a read past a mask"
-            )
-        return "NaN/Inf positions differ from the oracle's"
-    hints = []
-    for a in loc.get("axes", []):
-        n, bad = a["slices"], set(a["bad"])
-        if n < 2 or not bad:
-            continue
-        name = a["axis"]
-        if bad == set(range(1, n)):
-            if a["block"] > 1:
-                hints.append(f"only the first {name} block is right: offsets of later blocks are wrong")
-            else:
-                hints.append(
-                    f"only {name} 0 is right: a {name} stride is wrong (e.g. one tensor "
-                    f"addressed with another tensor's {name} stride), or {name} > 0 never written"
-                )
-        elif bad == set(range(0, n - 1)) and _last_block_is_full_enough(a):
-            hints.append(
-                f"only the last {name} block is right: accumulation across {name} blocks lost "
-                f"(each block overwrites the previous one)"
-            )
-        elif bad == {n - 1}:
-            hints.append(f"only the last (partial) {name} block is wrong: a tail mask or bound")
-        elif bad == {0} and n > 2:
-            hints.append(f"only {name} 0 is wrong: results of other {name}s accumulated into slot 0?")
-        if a["zero"] and set(a["zero"]) == bad:
-            hints.append(f"{name} {ranges(sorted(bad))} never written")
-    if res.cosine > 0.999 and res.rel_rms > 1e-3 and not hints:
-        hints.append("right direction, wrong magnitude: a scale or normalizer (mean vs sum, a microbatch count) is off")
-    if res.cosine < -0.99:
-        hints.append("sign flipped")
-    if not hints and res.verdict == "FAIL":
-        if res.ratio_rms > 1 and res.ratio_max <= 1:
-            hints.append(
-                "diffuse error above the floor everywhere: low-precision accumulation or a slightly wrong formula"
-            )
-        elif abs(res.cosine) < 0.9:
-            hints.append("uncorrelated with the oracle: a wrong formula or wrong operands")
-    return "; ".join(dict.fromkeys(hints))
+def first_and_worst(e: Tensor, tol_max: float) -> tuple[list[int], list[int]]:
+    """The first index whose excess error breaks the max bound, and the index of the largest one."""
+    if e.numel() == 0 or e.dim() == 0:
+        return [], []
+    bad = (e > tol_max) | torch.isinf(e)
+    first = [int(i) for i in bad.nonzero()[0].tolist()] if bad.any() else []
+    worst = [int(i) for i in torch.unravel_index(torch.nan_to_num(e, posinf=math.inf).argmax(), e.shape)]
+    return first, worst
 
 
 def matches(pattern: Any, bad: list[int], slices: int) -> bool:

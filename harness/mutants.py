@@ -20,7 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from . import registry
+from .diagnose import bad_slices
+from .judgement import judge_cell
 from .localize import matches
+from .records import CellRecord
 from .spec import Expectation, Mutant
 
 _BUILT: dict[str, registry.Backend] = {}
@@ -104,44 +107,54 @@ def mutant_backend(mutant_id: str) -> registry.Backend:
     return b
 
 
-def judge_expectation(exp: Expectation, cell: dict) -> tuple[bool, list[str], str]:
+def judge_expectation(exp: Expectation, cell: CellRecord) -> tuple[bool, list[str], str]:
     """Was the defect caught as expected in this cell? Returns (caught, problems, localization shown)."""
     problems: list[str] = []
-    rows = {r["name"]: r for r in cell.get("components", [])}
+    j = judge_cell(cell)
+    comps = {c.name: c for c in j.components}
+    status = j.shown
     if exp.status:
-        if cell["status"] not in exp.status.split("|"):
-            problems.append(f"status {cell['status']}, expected {exp.status}")
-    elif cell["status"] in ("ERROR", "CRASH", "TIMEOUT", "SKIP"):
-        problems.append(f"cell {cell['status']}: {cell.get('error', '')[:200]}")
+        if status not in exp.status.split("|"):
+            problems.append(f"status {status}, expected {exp.status}")
+    elif status in ("ERROR", "CRASH", "TIMEOUT", "SKIP"):
+        problems.append(f"cell {status}: {cell.error[:200]}")
     for c in exp.fail:
-        v = rows.get(c, {}).get("verdict")
+        v = comps[c].verdict.verdict if c in comps else None
         if v not in ("FAIL", "SHAPE"):
             problems.append(f"{c} {v or 'missing'}, expected FAIL")
     for c in exp.passing:
-        v = rows.get(c, {}).get("verdict")
+        v = comps[c].verdict.verdict if c in comps else None
         if v != "PASS":
             problems.append(f"{c} {v or 'missing'}, expected PASS")
     for c in exp.zeros:
-        if "all zeros" not in rows.get(c, {}).get("reason", ""):
+        if c not in comps or comps[c].verdict.kind != "all-zero":
             problems.append(f"{c} not reported as all zeros")
-    contracts = {k["name"]: k for k in cell.get("contracts", [])}
+    contracts = {k.name: k for k, _ in j.contracts}
     for k in exp.contracts:
-        if contracts.get(k, {}).get("ok", True):
+        if k not in contracts or contracts[k].ok:
             problems.append(f"contract {k} not reported violated")
     shown = []
     for comp, axes in exp.where.items():
-        loc = rows.get(comp, {}).get("localization", {})
+        cj = comps.get(comp)
         for axis, pattern in axes.items():
-            a = next((x for x in loc.get("axes", []) if x["axis"] == axis), None)
-            if a is None:
+            p = next((x for x in cj.figures.slices if x.axis == axis), None) if cj else None
+            if p is None:
                 problems.append(f"{comp}: no localization along {axis}")
-            elif not matches(pattern, a["bad"], a["slices"]):
-                problems.append(f"{comp}: bad {axis} slices {a['bad']} of {a['slices']}, expected {pattern}")
+                continue
+            bad = bad_slices(p, cj.verdict)
+            if not matches(pattern, bad, p.buckets):
+                problems.append(f"{comp}: bad {axis} slices {bad} of {p.buckets}, expected {pattern}")
             else:
                 shown.append(f"{comp} {axis}: {pattern}")
-    for r in rows.values():
-        if r.get("verdict") != "PASS" and r.get("localization", {}).get("text") and not exp.where:
-            shown.append(f"{r['name']}: {r['localization']['text']}")
+    if exp.hint:
+        classes = {h.cls for c in j.failed_components for h in c.hints}
+        if exp.hint not in classes:
+            problems.append(f"hint class {exp.hint} expected, got {', '.join(sorted(classes)) or 'none'}")
+        else:
+            shown.append(f"hint {exp.hint}")
+    for c in j.failed_components:
+        if c.where and not exp.where:
+            shown.append(f"{c.name}: {c.where}")
     return not problems, problems, "; ".join(shown[:3])
 
 
@@ -191,14 +204,14 @@ def run_zoo(
                     index.append((m.id, j, backend))
             if not plan_ok:
                 break
-    results: dict[tuple, dict] = {}
+    results: dict[tuple, CellRecord] = {}
     t0 = time.time()
     if tasks:
         plan = runner.Plan(tasks=tasks)
         done = runner.run(plan, registry.plugins_loaded(), lambda c: None, timeout=timeout)
         for c in done:
             for k, t in zip(index, tasks, strict=True):
-                if t.backend == c["backend"] and t.case.name == c["case"]["name"] and t.dtype == c["dtype"]:
+                if t.backend == c.backend and t.case.name == c.case.name and t.dtype == c.dtype:
                     results[k] = c
     for m in zoo:
         if any(r["mutant"] == m.id for r in rows):
@@ -206,13 +219,13 @@ def run_zoo(
         checks, skipped = [], []
         for j, exp in enumerate(m.expect):
             cell, control = results.get((m.id, j, f"mutant:{m.id}")), results.get((m.id, j, m.backend))
-            if cell is None or cell["status"] == "SKIP":
-                skipped.append(cell.get("error", "not run") if cell else "not run")
+            if cell is None or cell.status.value == "SKIP":
+                skipped.append(cell.error or "not run" if cell else "not run")
                 continue
             caught, problems, shown = judge_expectation(exp, cell)
-            control_ok = control is not None and control["status"] == "PASS"
+            control_ok = control is not None and judge_cell(control).shown == "PASS"
             if control is not None and not control_ok:
-                problems.append(f"control (unmutated {m.backend}) is {control['status']} on this case")
+                problems.append(f"control (unmutated {m.backend}) is {judge_cell(control).shown} on this case")
                 caught = False
             checks.append(
                 {
@@ -221,8 +234,9 @@ def run_zoo(
                     "caught": caught and control_ok,
                     "problems": problems,
                     "shown": shown,
-                    "status": cell["status"],
-                    "failing": [r["name"] for r in cell.get("components", []) if r["verdict"] != "PASS"],
+                    "status": judge_cell(cell).shown,
+                    "failing": [c.name for c in judge_cell(cell).failed_components],
+                    "hints": sorted({h.cls for c in judge_cell(cell).failed_components for h in c.hints}),
                 }
             )
         if not checks:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .declarations import ContractException, Gap, check_scope, gaps_from
 from .spec import Case, Mutant, OperatorSpec
 
 log = logging.getLogger("harness")
@@ -59,25 +60,28 @@ class Backend:
     description: str = ""
     # baseline backends are timed in `harness bench` but not required to pass the floor
     role: str = "kernel"
-    # dtype -> reason: cells of that dtype are expected to fall behind the floor (declared, never hidden:
-    # the report shows the FAIL, and pytest marks the item xfail with this reason). "dtype@tag+tag" narrows
-    # a declaration to the cases that carry all those tags (a known weakness of one input class)
-    expected_gaps: dict[str, str] = field(default_factory=dict)
+    # known precision gaps, each scoped (dtypes, components, case tags, device classes) up to a ceiling
+    # ratio: a tuple of declarations.Gap (or the older {"dtype[@tag+tag]": reason} dict, read as Gaps over
+    # every component up to 10x). Declared, never hidden: the report shows their figures as XFAIL
+    expected_gaps: Any = ()
+    # contracts broken by design (declarations.ContractException); they excuse no numeric failure
+    contract_exceptions: tuple[ContractException, ...] = ()
     _resolved: Any = field(default=None, repr=False)
+    _gaps: tuple[Gap, ...] | None = field(default=None, repr=False)
 
     @property
     def key(self) -> str:
         return f"{self.operator}/{self.name}"
 
-    def expected_gap(self, dtype: str, tags: tuple[str, ...] | list[str]) -> str | None:
-        """The declared reason why this backend falls behind the floor on (dtype, case tags), if any."""
-        if dtype in self.expected_gaps:
-            return self.expected_gaps[dtype]
-        for key, reason in self.expected_gaps.items():
-            dt, _, need = key.partition("@")
-            if dt == dtype and need and set(need.split("+")) <= set(tags):
-                return reason
-        return None
+    @property
+    def gaps(self) -> tuple[Gap, ...]:
+        """The declared precision gaps as scoped Gap declarations."""
+        if self._gaps is None:
+            self._gaps = gaps_from(self.expected_gaps, self.key)
+        return self._gaps
+
+    def contract_exception(self, contract: str, dtype: str) -> ContractException | None:
+        return next((x for x in self.contract_exceptions if x.applies(contract, dtype)), None)
 
     def _load(self, ref: Callable | str) -> Callable:
         if callable(ref):
@@ -162,6 +166,7 @@ def register_backend(backend: Backend | None = None, /, **kwargs: Any) -> Any:
     def add(b: Backend) -> Backend:
         if b.package is None and callable(b.impl):
             b.package = b.impl.__module__
+        _check_declarations(b)
         if _capture is not None:
             _capture.append(b)
             return b
@@ -184,6 +189,27 @@ def register_backend(backend: Backend | None = None, /, **kwargs: Any) -> Any:
         return fn
 
     return deco
+
+
+def _check_declarations(b: Backend) -> None:
+    """Declarations name the operator's components, tags and dtypes correctly, or registration fails."""
+    op = _OPERATORS.get(b.operator)
+    if op is None or not (b.gaps or b.contract_exceptions):
+        return
+    check_scope(b.gaps, b.key, {c.name for c in op.components}, operator_tags(op),
+                {"float32", "bfloat16", "float16"})
+
+
+def operator_tags(op: OperatorSpec) -> set[str]:
+    """Every tag a case of the operator carries, in any preset on any device."""
+    tags: set[str] = set()
+    for preset in op.presets:
+        for dev in ("cpu", "cuda"):
+            try:
+                tags.update(t for c in op.cases(preset, dev) for t in c.tags)
+            except Exception:  # noqa: BLE001 - a preset that does not exist on that device
+                continue
+    return tags
 
 
 def _import_tree(package: str) -> None:

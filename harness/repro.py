@@ -18,6 +18,7 @@ import torch
 
 from . import registry
 from .provenance import run_provenance
+from .records import CellRecord
 from .spec import Case, dtype_of
 
 MAX_SAVED_BYTES = 64 << 20
@@ -45,34 +46,35 @@ def input_digest(op: Any, case: Case, dtype: torch.dtype, seed: int, device: str
     return _digest(inputs.tensors), _nbytes(inputs.tensors)
 
 
-def save_bundle(cell: dict, root: str | Path, plugins: list[str]) -> Path:
+def save_bundle(cell: CellRecord, root: str | Path, plugins: list[str]) -> Path:
+    from .judgement import judge_cell
     from .oracle import gen_inputs
 
-    op = registry.get_operator(cell["operator"])
-    case = Case.from_json(cell["case"])
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{op.name}-{cell['backend']}-{cell['dtype']}-{case.name}")[:120]
+    op = registry.get_operator(cell.operator)
+    case = cell.case
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{op.name}-{cell.backend}-{cell.dtype}-{case.name}")[:120]
     d = Path(root) / "repro" / name
     d.mkdir(parents=True, exist_ok=True)
-    digest, size = cell.get("inputs_sha256"), cell.get("inputs_bytes")
+    digest, size = cell.inputs_sha256, cell.inputs_bytes
     if digest is None or size is None or size <= MAX_SAVED_BYTES:
         # small inputs are saved; a cell whose worker died (CRASH, TIMEOUT) has no digest yet
-        inputs = gen_inputs(op, case, dtype_of(cell["dtype"]), cell.get("seed", 0), "cpu")
+        inputs = gen_inputs(op, case, dtype_of(cell.dtype), cell.seed, "cpu")
         digest, size = _digest(inputs.tensors), _nbytes(inputs.tensors)
         if size <= MAX_SAVED_BYTES:
             torch.save({k: v for k, v in inputs.tensors.items()}, d / "inputs.pt")
     bundle = {
         "operator": op.name,
-        "backend": cell["backend"],
-        "dtype": cell["dtype"],
-        "case": cell["case"],
-        "seed": cell.get("seed", 0),
-        "device": cell.get("device"),
+        "backend": cell.backend,
+        "dtype": cell.dtype,
+        "case": case.to_json(),
+        "seed": cell.seed,
+        "device": cell.device,
         "plugins": plugins,
-        "status": cell["status"],
-        "failing": [r["name"] for r in cell.get("components", []) if r["verdict"] != "PASS"],
+        "status": cell.status.value,
+        "failing": [c.name for c in judge_cell(cell).failed_components],
         "inputs_sha256": digest,
         "inputs_saved": size <= MAX_SAVED_BYTES,
-        "provenance": run_provenance(cell.get("device") or "cpu"),
+        "provenance": run_provenance(cell.device or "cpu"),
         "command": f"harness repro {d}",
     }
     (d / "bundle.json").write_text(json.dumps(bundle, indent=1, default=str) + "\n")
@@ -104,9 +106,7 @@ def replay(path: str, device: str | None = None) -> int:
         cell = ex.run(p.tasks[0])
     finally:
         ex.close()
-    print(
-        format_failure(cell)
-        if cell["status"] != "PASS"
-        else f"{b['operator']}/{b['backend']}/{b['dtype']}/{case.name}: PASS now (was {b['status']})"
-    )
-    return 0 if cell["status"] == "PASS" else 1
+    ok = cell.status.value == "PASS"
+    print(format_failure(cell) if not ok
+          else f"{b['operator']}/{b['backend']}/{b['dtype']}/{case.name}: PASS now (was {b['status']})")
+    return 0 if ok else 1

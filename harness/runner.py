@@ -19,6 +19,7 @@ from typing import Any
 
 from . import registry
 from .cell import error_cell, is_oom
+from .records import CellRecord, Status
 from .spec import Case, as_list
 
 INTERPRETER_BF16 = "bf16 tl.dot is wrong in the Triton interpreter; bf16 is judged on the GPU"
@@ -43,11 +44,11 @@ class Task:
 
         return duration_key(self.operator, self.backend, self.dtype, self.case.name)
 
-    def failed(self, status: str, message: str) -> dict[str, Any]:
+    def failed(self, status: str, message: str) -> CellRecord:
         """The cell for this task when it produced no result of its own (SKIP, TIMEOUT, CRASH, ...)."""
         cell = error_cell(self.operator, self.backend, self.case, self.dtype, self.device, self.seed, status, message)
         if status == "SKIP":
-            cell["skip_kind"] = self.skip_kind
+            cell.skip_kind = self.skip_kind
         return cell
 
     def payload(self) -> dict[str, Any]:
@@ -172,21 +173,21 @@ class _Worker:
 def run(
     p: Plan,
     plugins: list[str],
-    on_cell: Callable[[dict], None],
+    on_cell: Callable[[CellRecord], None],
     workers: int | None = None,
     timeout: float = 300.0,
     startup_timeout: float = 600.0,
     durations: dict[tuple[str, str], float] | None = None,
     stats: dict[str, float] | None = None,
     peaks: dict[tuple[str, str], float] | None = None,
-) -> list[dict]:
+) -> list[CellRecord]:
     """Run the plan; calls ``on_cell`` for each finished cell (SKIP cells included). ``durations``:
     seconds per cell (report.recorded) from earlier runs, to start the longest groups first.
     ``peaks``: MB of GPU memory per cell from earlier runs, so that workers sharing a GPU start together
     only groups that fit in it. ``stats``, if given, gets where the wall time went: ``ready_s`` (the
     last worker ready), ``cells_s`` (the last cell of the shared phase done), ``alone_cells`` and
     ``alone_s`` (cells rerun alone)."""
-    results: list[dict] = []
+    results: list[CellRecord] = []
     t_run = time.time()
     stats = {} if stats is None else stats
     for t in p.tasks:
@@ -229,7 +230,7 @@ def run(
         print(f"{len(retry)} cell(s) needed more GPU memory in earlier runs than workers sharing a GPU leave "
               f"({packer.budget:.0f} MB): they run at the end, one worker per GPU", flush=True)
 
-    def finish(w: _Worker, cell: dict) -> None:
+    def finish(w: _Worker, cell: CellRecord) -> None:
         if shared and w.task is not None and is_oom(cell):
             packer.learn_oom(w.task, cell)
             print(f"out of memory on shared gpu{w.gpu}: {w.task.operator}/{w.task.backend}/{w.task.dtype}/"
@@ -238,7 +239,7 @@ def run(
             requeue_oom(w.task, queue, retry)
             w.task = None
         else:
-            cell["worker"] = w.slot if w.gpu is None else f"gpu{w.gpu}"
+            cell.worker = w.slot if w.gpu is None else f"gpu{w.gpu}"
             w.cells += 1
             results.append(cell)
             on_cell(cell)
@@ -298,8 +299,9 @@ def run(
                     w.ready = True
                     stats["ready_s"] = max(stats.get("ready_s", 0.0), time.time() - t_run)
                 else:
-                    finish(w, msg)
-                    if msg.get("status") == "CRASH":
+                    cell = CellRecord.from_json(msg)
+                    finish(w, cell)
+                    if cell.status == Status.CRASH:
                         new = replace(w)
                         born[new.slot] = time.time()
             elif w.task is not None and now - w.started > timeout:
@@ -408,12 +410,12 @@ class MemoryPacker:
     def release(self, gpu: int | None, need: float) -> None:
         self.held[gpu] = max(0.0, self.held.get(gpu, 0.0) - need)
 
-    def learn_oom(self, t: Task, cell: dict) -> None:
+    def learn_oom(self, t: Task, cell: CellRecord) -> None:
         """What the cell held when it ran out, plus the allocation that failed (from torch's message)."""
-        m = re.search(r"Tried to allocate ([0-9.]+) (GiB|MiB)", str(cell.get("error", "")))
+        m = re.search(r"Tried to allocate ([0-9.]+) (GiB|MiB)", cell.error)
         tried = float(m.group(1)) * (1024 if m.group(2) == "GiB" else 1) if m else 0.0
         key = t.record_key()
-        self.peaks[key] = max(self.peaks.get(key, 0.0), float(cell.get("peak_mem_mb") or 0.0) + tried)
+        self.peaks[key] = max(self.peaks.get(key, 0.0), float(cell.peak_mem_mb or 0.0) + tried)
 
 
 def requeue_oom(t: Task, queue: list[list[Task]], alone: list[Task]) -> None:
@@ -426,21 +428,24 @@ def requeue_oom(t: Task, queue: list[list[Task]], alone: list[Task]) -> None:
         alone.append(t)
 
 
-def per_worker_counts(results: list[dict]) -> dict[str, int]:
+def per_worker_counts(results: list[CellRecord]) -> dict[str, int]:
     out: dict[str, int] = {}
     for c in results:
-        if "worker" in c:
-            out[str(c["worker"])] = out.get(str(c["worker"]), 0) + 1
+        if c.worker is not None:
+            out[str(c.worker)] = out.get(str(c.worker), 0) + 1
     return out
 
 
-def exit_code(results: list[dict], explicit: list[str]) -> int:
-    bad = {"FAIL", "SHAPE", "ERROR", "CRASH", "TIMEOUT"}
-    if any(c["status"] in bad and not c.get("expected_gap") for c in results):
+def exit_code(results: list[CellRecord], explicit: list[str], device_class: str = "") -> int:
+    """1 when a cell fails the run (judged under today's rules and declarations; a marginal FAIL too);
+    3 when a backend named explicitly could not run at all here; else 0."""
+    from .judgement import judge_cell
+
+    if any(judge_cell(c, device_class=device_class).failing for c in results):
         return 1
     for name in as_list(explicit):
-        mine = [c for c in results if c["backend"] == name]
-        if mine and all(c["status"] == "SKIP" and c.get("skip_kind") == "unavailable" for c in mine):
+        mine = [c for c in results if c.backend == name]
+        if mine and all(c.status == Status.SKIP and c.skip_kind == "unavailable" for c in mine):
             return 3
     return 0
 
@@ -462,7 +467,7 @@ class CellExecutor:
         w.ready = bool(msg.get("ready"))
         return w
 
-    def run(self, t: Task) -> dict:
+    def run(self, t: Task) -> CellRecord:
         if t.skip:
             return t.failed("SKIP", t.skip)
         if self.w is None or not self.w.proc.is_alive():
@@ -474,13 +479,13 @@ class CellExecutor:
             self.w = None
             return t.failed("TIMEOUT", f"no result after {self.timeout:.0f} s; worker killed")
         try:
-            cell = w.conn.recv()
+            cell = CellRecord.from_json(w.conn.recv())
         except (EOFError, OSError):
             code = w.proc.exitcode
             w.kill()
             self.w = None
             return t.failed("CRASH", f"worker process died (exit code {code}) while running this cell")
-        if cell.get("status") == "CRASH":
+        if cell.status == Status.CRASH:
             w.kill()
             self.w = None
         return cell

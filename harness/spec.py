@@ -237,6 +237,9 @@ class Expectation:
     contracts: tuple[str, ...] = ()
     where: dict[str, dict[str, Any]] = field(default_factory=dict)
     zeros: tuple[str, ...] = ()
+    # the hint class (harness/diagnose.py: stride, later-block-offsets, accumulation-lost, tail, slot0, zeros,
+    # scale, per-slice-scale, precision, overflow, never-written, nan, none, ...) one failing component must get
+    hint: str | None = None
 
 
 @dataclass(frozen=True)

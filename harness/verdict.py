@@ -1,4 +1,5 @@
-"""The verdict rule of harness-design.md, and the figures that went into it.
+"""The verdict rule of harness-design.md: the figures it reads (measured in the worker) and the verdict
+computed from them (anywhere, any time: `harness report` re-judges stored figures).
 
 For each component, with backend k, oracle o (float64) and floor reference r (float32 math,
 rounded to the contract dtype):
@@ -20,10 +21,11 @@ Such components are judged by the max criterion alone, whose 2u term covers reor
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
+
+from .records import ComponentFigures
 
 Tensor = torch.Tensor
 
@@ -35,41 +37,6 @@ RMS_MIN_NUMEL = 16
 
 def eps_of(dtype: torch.dtype) -> float:
     return EPS.get(dtype, 2.0**-23)
-
-
-@dataclass
-class ComponentResult:
-    """One row of a component table (field order = column order)."""
-
-    name: str
-    verdict: str  # PASS | FAIL | SHAPE
-    reason: str = ""
-    max_err: float = 0.0
-    mean_err: float = 0.0
-    rms_err: float = 0.0
-    ref_max: float = 0.0
-    ref_rms: float = 0.0
-    tol_max: float = 0.0
-    tol_rms: float = 0.0
-    ratio_max: float = 0.0  # max(e) / tol_max: > 1 fails
-    ratio_rms: float = 0.0  # rms(e) / tol_rms: > 1 fails
-    rel_rms: float = 0.0  # rms(k - o) / rms(o)
-    cosine: float = 1.0
-    zero_frac: float = 0.0  # fraction of k exactly 0 where o is not
-    nonfinite: int = 0  # non-finite entries of k
-    extra_bound_max: float = 0.0
-    max_abs_oracle: float = 0.0
-    numel: int = 0
-    dtype: str = ""
-    localization: dict[str, Any] = field(default_factory=dict)
-    hint: str = ""
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        for k, v in d.items():
-            if isinstance(v, float) and not math.isfinite(v):
-                d[k] = str(v)
-        return d
 
 
 @dataclass(frozen=True)
@@ -95,28 +62,156 @@ def _rms(x: Tensor) -> Tensor:
     return x.pow(2).mean().sqrt() if x.numel() else torch.zeros((), dtype=torch.float64)
 
 
-def check_shape(name: str, got: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> ComponentResult | None:
-    """SHAPE (or FAIL for a missing gradient) before any view is applied; None when conforming."""
+
+
+def _dt(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+EPS_BY_NAME = {_dt(k): v for k, v in EPS.items()}
+
+
+def check_shape(name: str, got: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> ComponentFigures | None:
+    """The figures of a missing or misshapen result (before any view is applied); None when conforming."""
     if got is None:
-        return ComponentResult(
-            name,
-            "FAIL",
-            reason="not computed: the backend returned no tensor (None)",
-            hint="gradient never produced: the input is not connected to the outputs",
-        )
+        return ComponentFigures(name, kind="missing", dtype=_dt(dtype))
+    want = f"{list(shape)} {_dt(dtype)}"
     if not isinstance(got, Tensor):
-        return ComponentResult(
-            name, "SHAPE", reason=f"expected a tensor {list(shape)} {dtype}, got {type(got).__name__}"
-        )
+        return ComponentFigures(name, kind="shape", dtype=_dt(dtype), expected=want, got=type(got).__name__)
     if tuple(got.shape) != tuple(shape) or got.dtype != dtype:
-        return ComponentResult(
-            name,
-            "SHAPE",
-            reason=f"expected {list(shape)} {str(dtype).replace('torch.', '')}, "
-            f"got {list(got.shape)} {str(got.dtype).replace('torch.', '')}",
-            dtype=str(got.dtype).replace("torch.", ""),
-        )
+        return ComponentFigures(name, kind="shape", dtype=_dt(got.dtype), expected=want,
+                                got=f"{list(got.shape)} {_dt(got.dtype)}")
     return None
+
+
+def measure(
+    name: str,
+    k: Tensor,
+    o: Tensor,
+    r: Tensor | list[Tensor | FloorSummary],
+    dtype: torch.dtype,
+    extra_bound: Tensor | None = None,
+) -> tuple[ComponentFigures, Tensor | None]:
+    """The figures of one component and the elementwise excess error e (inf where non-finite positions
+    differ; None when the component is empty).
+
+    ``r`` is the floor reference, or a list of floor-reference error samples |r_i - o_i| (the floor
+    evaluated on inputs perturbed at the float32 rounding level, each against its own oracle): the
+    floor's error is then the largest of the samples, so one lucky rounding does not set the bar.
+    Samples after the first may be ``FloorSummary``s, reduced over the oracle's finite positions.
+    """
+    k = k.detach().to(torch.float64)
+    o = o.detach().to(torch.float64)
+    rl = r if isinstance(r, list) else [(r.detach().to(torch.float64) - o).abs()]
+    samples = [x.detach().to(torch.float64) for x in rl if isinstance(x, Tensor)]
+    summaries = [x for x in rl if isinstance(x, FloorSummary)]
+    fig = ComponentFigures(name, numel=o.numel(), dtype=_dt(dtype))
+    if o.numel() == 0:
+        return fig, None
+    k_nan, o_nan = torch.isnan(k), torch.isnan(o)
+    k_inf, o_inf = torch.isinf(k), torch.isinf(o)
+    fig.nonfinite = int((k_nan | k_inf).sum())
+    mismatch = (k_nan != o_nan) | (k_inf != o_inf) | (k_inf & o_inf & (torch.sign(k) != torch.sign(o)))
+    o_fin = torch.isfinite(o)
+    fig.mismatch = int(mismatch.sum())
+    fig.mismatch_inf = int((mismatch & k_inf & o_fin).sum())
+    fig.mismatch_nan = int((mismatch & k_nan & o_fin).sum())
+    if fig.mismatch:
+        fig.mismatch_first = [int(i) for i in mismatch.nonzero()[0].tolist()]
+    fin = o_fin & torch.isfinite(k)
+    ko, oo = k[fin], o[fin]
+    refs = [torch.where(torch.isfinite(x), x, torch.zeros_like(x))[fin] for x in samples]
+    eb = extra_bound.detach().to(torch.float64)[fin] if extra_bound is not None else None
+    diff = (ko - oo).abs()
+    e = (diff - eb).clamp_min(0) if eb is not None else diff
+    fig.max_err = _f(diff.max()) if diff.numel() else 0.0
+    fig.mean_err = _f(diff.mean()) if diff.numel() else 0.0
+    fig.max_excess = _f(e.max()) if e.numel() else 0.0
+    fig.rms_excess = _f(_rms(e))
+    fig.floor_max = max([(_f(x.max()) if x.numel() else 0.0) for x in refs] + [x.max for x in summaries])
+    fig.floor_rms = max([_f(_rms(x)) for x in refs] + [x.rms for x in summaries])
+    fig.oracle_max = _f(oo.abs().max()) if oo.numel() else 0.0
+    fig.oracle_rms = _f(_rms(oo))
+    fig.rel_rms = _f(_rms(ko - oo)) / fig.oracle_rms if fig.oracle_rms > 0 else 0.0
+    nk, no = ko.norm(), oo.norm()
+    fig.cosine = _f((ko * oo).sum() / (nk * no)) if nk > 0 and no > 0 else (1.0 if nk == no else 0.0)
+    nz = oo != 0
+    fig.zero_frac = _f((ko[nz] == 0).double().mean()) if nz.any() else 0.0
+    fig.all_zero = bool(nz.any()) and bool((ko == 0).all())
+    fig.floor_all_zero = bool(samples) and bool(torch.equal(samples[0][fin], oo.abs()))
+    fig.extra_bound_max = _f(eb.max()) if eb is not None and eb.numel() else 0.0
+    oo2 = _f((oo * oo).sum())
+    if oo2 > 0:
+        # k ~ a*o by least squares: what is left after the best uniform scale (a scale or normalizer bug)
+        fig.scale = _f((ko * oo).sum()) / oo2
+        rest = (ko - fig.scale * oo).abs()
+        fig.scaled_max, fig.scaled_rms = _f(rest.max()), _f(_rms(rest))
+    e_full = torch.zeros_like(o)
+    e_full[fin] = e
+    e_full[mismatch] = math.inf
+    return fig, e_full
+
+
+@dataclass
+class Verdict:
+    """The pinned rule applied to one component's figures. ``kind`` says which clause decided it:
+    "bound", "nonfinite", "all-zero", "shape", "missing" ("" for a pass)."""
+
+    verdict: str  # PASS | FAIL | SHAPE
+    reason: str = ""
+    kind: str = ""
+    tol_max: float = 0.0
+    tol_rms: float = 0.0
+    ratio_max: float = 0.0
+    ratio_rms: float = 0.0
+    rms_applies: bool = True
+    figures: ComponentFigures | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict != "PASS"
+
+    @property
+    def worst_ratio(self) -> float:
+        return max(self.ratio_max, self.ratio_rms if self.rms_applies else 0.0)
+
+    @property
+    def cosine(self) -> float:
+        return self.figures.cosine if self.figures else 1.0
+
+
+def bounds(fig: ComponentFigures, k_max: float = K_MAX, k_rms: float = K_RMS) -> tuple[float, float]:
+    """(tol_max, tol_rms) of a component: what a careful float32 kernel achieves, with room."""
+    eps = EPS_BY_NAME.get(fig.dtype, 2.0**-23)
+    return k_max * fig.floor_max + 2 * eps * fig.oracle_max, k_rms * fig.floor_rms + 0.5 * eps * fig.oracle_rms
+
+
+def _ratio(x: float, tol: float) -> float:
+    return x / tol if tol > 0 else (0.0 if x == 0 else math.inf)
+
+
+def verdict_of(fig: ComponentFigures, k_max: float = K_MAX, k_rms: float = K_RMS) -> Verdict:
+    """PASS / FAIL / SHAPE of one component from its figures (see the module docstring)."""
+    if fig.kind == "missing":
+        return Verdict("FAIL", "not computed: the backend returned no tensor (None)", "missing", figures=fig)
+    if fig.kind == "shape":
+        return Verdict("SHAPE", f"expected {fig.expected}, got {fig.got}", "shape", figures=fig)
+    tol_max, tol_rms = bounds(fig, k_max, k_rms)
+    v = Verdict("PASS", tol_max=tol_max, tol_rms=tol_rms, ratio_max=_ratio(fig.max_excess, tol_max),
+                ratio_rms=_ratio(fig.rms_excess, tol_rms), rms_applies=fig.numel >= RMS_MIN_NUMEL, figures=fig)
+    if not v.rms_applies:
+        v.ratio_rms = 0.0  # not a statistic at this size (see the module docstring)
+    if fig.mismatch:
+        v.verdict, v.kind = "FAIL", "nonfinite"
+        v.reason = (f"non-finite at {fig.mismatch} position(s) where the oracle differs"
+                    + (f"; first at {fig.mismatch_first}" if fig.mismatch_first else ""))
+    elif fig.all_zero and not fig.floor_all_zero:
+        v.verdict, v.kind, v.reason = "FAIL", "all-zero", "all zeros while the oracle is not"
+    elif v.ratio_max > 1 or v.ratio_rms > 1:
+        which = [(w, r) for w, r in (("max", v.ratio_max), ("rms", v.ratio_rms)) if r > 1]
+        v.verdict, v.kind = "FAIL", "bound"
+        v.reason = " and ".join(f"{w} error {r:.3g}x its bound" for w, r in which)
+    return v
 
 
 def judge(
@@ -128,84 +223,7 @@ def judge(
     extra_bound: Tensor | None = None,
     k_max: float = K_MAX,
     k_rms: float = K_RMS,
-) -> tuple[ComponentResult, Tensor | None]:
-    """Apply the verdict; returns the row and the elementwise excess error e (None when not computed).
-
-    ``r`` is the floor reference, or a list of floor-reference error samples |r_i - o_i| (the floor
-    evaluated on inputs perturbed at the float32 rounding level, each against its own oracle): the
-    floor's error is then the largest of the samples, so one lucky rounding does not set the bar.
-    Samples after the first may be ``FloorSummary``s, reduced over the oracle's finite positions (the
-    positions where only the backend is not finite are a FAIL anyway).
-    """
-    k = k.detach().to(torch.float64)
-    o = o.detach().to(torch.float64)
-    rl = r if isinstance(r, list) else [(r.detach().to(torch.float64) - o).abs()]
-    samples = [x.detach().to(torch.float64) for x in rl if isinstance(x, Tensor)]
-    summaries = [x for x in rl if isinstance(x, FloorSummary)]
-    res = ComponentResult(name, "PASS", numel=o.numel(), dtype=str(dtype).replace("torch.", ""))
-    if o.numel() == 0:
-        return res, None
-    k_nan, o_nan = torch.isnan(k), torch.isnan(o)
-    k_inf, o_inf = torch.isinf(k), torch.isinf(o)
-    res.nonfinite = int((k_nan | k_inf).sum())
-    mismatch = (k_nan != o_nan) | (k_inf != o_inf) | (k_inf & o_inf & (torch.sign(k) != torch.sign(o)))
-    fin = torch.isfinite(o) & torch.isfinite(k)
-    ko, oo = k[fin], o[fin]
-    refs = [torch.where(torch.isfinite(x), x, torch.zeros_like(x))[fin] for x in samples]
-    eb = extra_bound.detach().to(torch.float64)[fin] if extra_bound is not None else None
-    diff = (ko - oo).abs()
-    e = (diff - eb).clamp_min(0) if eb is not None else diff
-    eps = eps_of(dtype)
-    max_o = _f(oo.abs().max()) if oo.numel() else 0.0
-    rms_o = _f(_rms(oo))
-    res.max_err = _f(diff.max()) if diff.numel() else 0.0
-    res.mean_err = _f(diff.mean()) if diff.numel() else 0.0
-    res.rms_err = _f(_rms(e))
-    res.ref_max = max([(_f(x.max()) if x.numel() else 0.0) for x in refs] + [x.max for x in summaries])
-    res.ref_rms = max([_f(_rms(x)) for x in refs] + [x.rms for x in summaries])
-    res.tol_max = k_max * res.ref_max + 2 * eps * max_o
-    res.tol_rms = k_rms * res.ref_rms + 0.5 * eps * rms_o
-    max_e = _f(e.max()) if e.numel() else 0.0
-    res.ratio_max = max_e / res.tol_max if res.tol_max > 0 else (0.0 if max_e == 0 else math.inf)
-    res.ratio_rms = res.rms_err / res.tol_rms if res.tol_rms > 0 else (0.0 if res.rms_err == 0 else math.inf)
-    if e.numel() < RMS_MIN_NUMEL:
-        res.ratio_rms = 0.0  # not a statistic at this size (see the module docstring)
-    res.rel_rms = _f(_rms(ko - oo)) / rms_o if rms_o > 0 else 0.0
-    nk, no = ko.norm(), oo.norm()
-    res.cosine = _f((ko * oo).sum() / (nk * no)) if nk > 0 and no > 0 else (1.0 if nk == no else 0.0)
-    nz = oo != 0
-    res.zero_frac = _f((ko[nz] == 0).double().mean()) if nz.any() else 0.0
-    res.extra_bound_max = _f(eb.max()) if eb is not None and eb.numel() else 0.0
-    res.max_abs_oracle = max_o
-
-    e_full = torch.zeros_like(o)
-    e_full[fin] = e
-    e_full[mismatch] = math.inf
-    if mismatch.any():
-        idx = mismatch.nonzero()[0].tolist()
-        res.verdict, res.reason = (
-            "FAIL",
-            (
-                f"non-finite at {int(mismatch.sum())} position(s) where the oracle "
-                f"is {'finite' if torch.isfinite(o[tuple(idx)]) else 'not'}; first at {idx}"
-            ),
-        )
-    elif nz.any() and bool((ko == 0).all()) and not _floor_all_zero(samples, fin, oo):
-        res.verdict, res.reason = "FAIL", "all zeros while the oracle is not"
-    elif res.ratio_max > 1 or res.ratio_rms > 1:
-        which = [w for w, bad in (("max", res.ratio_max > 1), ("rms", res.ratio_rms > 1)) if bad]
-        res.verdict = "FAIL"
-        res.reason = " and ".join(
-            f"{w} error {res.ratio_max if w == 'max' else res.ratio_rms:.3g}x its bound" for w in which
-        )
-    return res, e_full
-
-
-def _floor_all_zero(samples: list[Tensor], fin: Tensor, oo: Tensor) -> bool:
-    """The floor reference itself is all zeros (its error equals |oracle|): zeros are what float32 gives
-    (e.g. the loss of fully confident rows), so "all zeros" is no evidence of an unwritten result."""
-    return bool(samples) and bool(torch.equal(samples[0][fin], oo.abs()))
-
-
-def tolerances(res: ComponentResult) -> tuple[float, float]:
-    return res.tol_max, res.tol_rms
+) -> tuple[Verdict, Tensor | None]:
+    """measure() then verdict_of(): the verdict of one component and its excess error e."""
+    fig, e = measure(name, k, o, r, dtype, extra_bound)
+    return verdict_of(fig, k_max, k_rms), e

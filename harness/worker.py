@@ -11,7 +11,6 @@ import os
 import sys
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any
 
 
 def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threads: int) -> None:
@@ -42,7 +41,7 @@ def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threa
         try:
             op = registry.get_operator(task["operator"])
             backend = registry.get_backend(task["operator"], task["backend"])
-            cell: dict[str, Any] = safe_run_cell(
+            cell = safe_run_cell(
                 op, backend, case, task["dtype"], task["device"], task.get("seed", 0), task.get("repeats", 2)
             )
         except Exception as e:  # e.g. a mutant whose edit does not apply
@@ -59,11 +58,11 @@ def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threa
             )
         if cuda:
             # what this cell held on the GPU at most (the runner packs the next sweep's cells by it)
-            cell["peak_mem_mb"] = round(torch.cuda.max_memory_reserved() / 2**20)
-        conn.send(cell)
+            cell.peak_mem_mb = round(torch.cuda.max_memory_reserved() / 2**20)
+        conn.send(cell.to_json())  # the pipe carries the record's JSON (records.py), like the JSONL
         if cuda:
             torch.cuda.empty_cache()  # cached blocks would starve other workers sharing this GPU
-        if cell["status"] == "CRASH":
+        if cell.status.value == "CRASH":
             # the CUDA context is unusable after a device fault: let the parent start a fresh worker
             conn.close()
             sys.exit(3)

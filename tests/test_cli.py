@@ -76,7 +76,7 @@ def test_wrong_adapter_fails_exactly_its_components(tmp_path: Path):
         else:  # gamma absent in this case
             assert failing == {"dbias.pre"}, (c["case"]["name"], v)
         assert "sign flipped" in rows["dbias.pre"]["hint"]
-        assert rows["dbias.pre"]["localization"]["axes"][0]["axis"] == "row"
+        assert rows["dbias.pre"]["slices"][0]["axis"] == "row"
     shape = [c for c in all_cells if c["backend"] == "wrong-shape"]
     for c in shape:
         v = verdicts(c)
@@ -130,6 +130,8 @@ def test_misbehaving_backends_become_cells_and_the_sweep_completes(tmp_path: Pat
     )
     unwritten = {r["name"]: r for r in by["unwritten"]["components"]}
     assert "non-finite" in unwritten["dphi.res"]["reason"]
+    # the NaN is the harness's poison in a buffer the backend allocated through it: named so
+    assert "never written" in unwritten["dphi.res"]["hint"]
     assert not contract("overruns", "guard-bands")["ok"]
     assert not contract("nondeterministic", "determinism")["ok"]
     assert contract("golden", "determinism")["ok"] and contract("golden", "guard-bands")["ok"]
@@ -182,8 +184,9 @@ def test_out_of_memory_cells_are_recognised_for_a_lone_rerun():
     op = get_operator("softmax_xent")
     b = Backend(operator="softmax_xent", name="oom", impl=oom)
     cell = safe_run_cell(op, b, op.cases("smoke", "cpu")[0], "float32", "cpu")
-    assert cell["status"] == "ERROR" and is_oom(cell)
-    assert not is_oom({**cell, "error": "RuntimeError: boom"})
+    assert cell.status.value == "ERROR" and is_oom(cell)
+    cell.error = "RuntimeError: boom"
+    assert not is_oom(cell)
 
 
 def test_pytest_benchmark_items_record_history(tmp_path: Path):

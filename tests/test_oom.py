@@ -21,16 +21,16 @@ def _cell(monkeypatch, where: str) -> dict:
 def test_oracle_out_of_memory_is_named_as_the_harness(monkeypatch):
     monkeypatch.setenv("HARNESS_GPU_SHARED", "0")
     c = _cell(monkeypatch, "oracle")
-    assert c["status"] == "ERROR" and runner.is_oom(c)
-    assert "in the harness's oracle" in c["error"] and "had the GPU to itself" in c["error"]
-    assert "15.66 GiB" in c["error"]
+    assert c.status.value == "ERROR" and runner.is_oom(c)
+    assert "in the harness's oracle" in c.error and "had the GPU to itself" in c.error
+    assert "15.66 GiB" in c.error
 
 
 def test_backend_out_of_memory_on_a_shared_gpu(monkeypatch):
     monkeypatch.setenv("HARNESS_GPU_SHARED", "1")
     c = _cell(monkeypatch, "backend")
-    assert c["status"] == "ERROR" and runner.is_oom(c)
-    assert "in the backend" in c["error"] and "other workers share this GPU" in c["error"]
+    assert c.status.value == "ERROR" and runner.is_oom(c)
+    assert "in the backend" in c.error and "other workers share this GPU" in c.error
 
 
 def test_workers_are_told_whether_they_share_a_gpu():
@@ -101,7 +101,7 @@ def test_a_triton_launch_out_of_memory_counts_as_out_of_memory(monkeypatch):
 
     monkeypatch.setattr(cell, "call_backend", boom)
     c = cell.safe_run_cell(op, backend, case, "float32", "cpu", 0, 1)
-    assert runner.is_oom(c) and "Triton Error [CUDA]: out of memory" in c["error"]
+    assert runner.is_oom(c) and "Triton Error [CUDA]: out of memory" in c.error
 
 
 def test_groups_that_need_more_than_a_shared_gpu_leaves_run_alone_without_trying():

@@ -65,26 +65,29 @@ def test_failing_cell_carries_its_input_digest_and_the_bundle_does_not_regenerat
     from harness import oracle, registry
     from harness.cell import _with_input_digest
     from harness.repro import MAX_SAVED_BYTES, _digest, save_bundle
+    from harness.records import CellRecord, Status
     from harness.spec import Case
 
     registry.discover()
     op = registry.get_operator("mhc_pre")
     case = Case("tiny-digest", {"B": 1, "S": 3, "n": 2, "D": 8}, ())
-    cell = {"operator": "mhc_pre", "backend": "golden", "dtype": "float32", "case": case.to_json(), "seed": 0,
-            "device": "cpu", "status": "FAIL", "components": []}
+    def record(status: str, error: str = "") -> CellRecord:
+        return CellRecord("mhc_pre", "golden", "float32", case, "cpu", status=Status(status), error=error)
+
+    cell = record("FAIL")
     _with_input_digest(cell, op, case, "cpu")
     want = _digest(oracle.gen_inputs(op, case, torch.float32, 0, "cpu").tensors)
-    assert cell["inputs_sha256"] == want and cell["inputs_bytes"] > 0
-    passing = {k: v for k, v in cell.items() if not k.startswith("inputs_")} | {"status": "PASS"}
-    assert "inputs_sha256" not in _with_input_digest(passing, op, case, "cpu")
-    oom = passing | {"status": "ERROR", "error": "OutOfMemoryError in the backend or the harness's checks"}
-    assert "inputs_sha256" not in _with_input_digest(oom, op, case, "cpu")  # rerun by the runner, draws dropped
+    assert cell.inputs_sha256 == want and cell.inputs_bytes > 0
+    assert _with_input_digest(record("PASS"), op, case, "cpu").inputs_sha256 is None
+    oom = record("ERROR", "OutOfMemoryError in the backend or the harness's checks")
+    assert _with_input_digest(oom, op, case, "cpu").inputs_sha256 is None  # rerun by the runner, draws dropped
 
     # a large cell's bundle takes the worker's digest instead of drawing the inputs again in the parent
     def no_draws(*a, **k):
         raise AssertionError("inputs regenerated for a bundle whose cell carried their digest")
 
     monkeypatch.setattr(oracle, "gen_inputs", no_draws)
-    big = {**cell, "inputs_sha256": "abc123", "inputs_bytes": MAX_SAVED_BYTES + 1}
+    big = record("FAIL")
+    big.inputs_sha256, big.inputs_bytes = "abc123", MAX_SAVED_BYTES + 1
     b = json.loads((save_bundle(big, tmp_path, []) / "bundle.json").read_text())
     assert b["inputs_sha256"] == "abc123" and b["inputs_saved"] is False

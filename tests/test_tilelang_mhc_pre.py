@@ -47,7 +47,10 @@ def test_tilelang_mhc_pre_matches_oracle(name: str, params: dict, dtype: str) ->
     from harness.spec import Case
 
     cell = run_cell(get_operator("mhc_pre"), get_backend("mhc_pre", "tilelang"), Case(name, params), dtype, "cuda")
-    bad = [f"{c['name']}: {c['verdict']} {c['reason']} (max err {c['max_err']:.3g}, "
-           f"{c['ratio_max']:.2f}x of its bound)" for c in cell["components"] if c["verdict"] != "PASS"]
-    bad += [f"contract {c['name']}: {c['detail']}" for c in cell["contracts"] if not c["ok"]]
-    assert cell["status"] == "PASS", "; ".join(bad)
+    from harness.judgement import judge_cell
+
+    j = judge_cell(cell)
+    bad = [f"{c.name}: {c.verdict.verdict} {c.reason} (max err {c.figures.max_err:.3g}, "
+           f"{c.verdict.ratio_max:.2f}x of its bound)" for c in j.failed_components]
+    bad += [f"contract {k.name}: {k.detail}" for k, _ in j.contracts if not k.ok]
+    assert j.shown == "PASS", "; ".join(bad)

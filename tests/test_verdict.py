@@ -9,7 +9,8 @@ from harness import localize
 from harness.oracle import floor_samples, oracle_and_floor
 from harness.registry import get_operator
 from harness.spec import Case
-from harness.verdict import check_shape, judge
+from harness.diagnose import bad_slices
+from harness.verdict import check_shape, judge, verdict_of
 
 OP = get_operator("mhc_pre")
 CASE = Case("verdict-n4", {"B": 1, "S": 64, "n": 4, "D": 80}, ())
@@ -58,12 +59,10 @@ def test_last_block_zeroed_fails_and_is_localized():
     assert res.verdict == "FAIL"
     comp = OP.component("dx")
     o = comp.select(ref["o_grad"]["x"], CASE.params)
-    loc = localize.localize(
-        e, comp.select(k, CASE.params), o, comp.axes, res.tol_max, res.tol_rms, {"BLOCK_ND": 256}, CASE.params
-    )
-    nd = next(a for a in loc["axes"] if a["axis"] == "nD")
-    assert nd["bad"] == [1] and nd["zero"] == [1]
-    assert localize.matches("last", nd["bad"], nd["slices"])
+    profiles = localize.profiles(e, comp.select(k, CASE.params), o, None, comp.axes, {"BLOCK_ND": 256}, CASE.params)
+    nd = next(p for p in profiles if p.axis == "nD")
+    assert bad_slices(nd, res) == [1] and nd.zero == [1]
+    assert localize.matches("last", bad_slices(nd, res), nd.buckets)
 
 
 def test_nan_where_oracle_is_finite_fails():
@@ -75,10 +74,11 @@ def test_nan_where_oracle_is_finite_fails():
 
 
 def test_wrong_shape_is_shape():
-    res = check_shape("dgamma", torch.zeros(4, 80), (320,), torch.float32)
-    assert res is not None and res.verdict == "SHAPE" and "[320]" in res.reason and "[4, 80]" in res.reason
-    res = check_shape("dx", torch.zeros(320, dtype=torch.float16), (320,), torch.float32)
-    assert res is not None and res.verdict == "SHAPE"
+    res = verdict_of(check_shape("dgamma", torch.zeros(4, 80), (320,), torch.float32))
+    assert res.verdict == "SHAPE" and "[320]" in res.reason and "[4, 80]" in res.reason
+    res = verdict_of(check_shape("dx", torch.zeros(320, dtype=torch.float16), (320,), torch.float32))
+    assert res.verdict == "SHAPE"
+    assert check_shape("dx", torch.zeros(320), (320,), torch.float32) is None
 
 
 def test_floor_reference_bf16_result_passes():
@@ -136,16 +136,29 @@ def test_ranges_text():
     assert not localize.matches("all-but-first", [0, 1, 2, 3], 4)
 
 
-def test_last_block_hint_needs_a_last_block_worth_the_name():
-    from types import SimpleNamespace
+def _failing(slices, floor_rms=1e-7):
+    """A component whose first slice is 10x its bound and the rest at the floor."""
+    from harness.records import ComponentFigures
 
-    res = SimpleNamespace(reason="max error 3x its bound", verdict="FAIL", cosine=0.95, rel_rms=0.1,
-                          ratio_max=3.0, ratio_rms=2.0)
-    def loc(extent):
-        return {"axes": [{"axis": "vocab", "block": 1024, "slices": 2, "extent": extent, "bad": [0], "zero": []}]}
-    assert "only the last vocab block is right" in localize.diagnose(loc(2000), res)
+    f = ComponentFigures("dlogits", dtype="float32", numel=4096, max_excess=1e-5, rms_excess=1e-6,
+                         floor_max=3e-7, floor_rms=floor_rms, oracle_max=1.0, oracle_rms=0.5, cosine=0.95,
+                         scale=0.9, scaled_max=1.0, scaled_rms=1.0, slices=slices)
+    return f, verdict_of(f)
+
+
+def test_last_block_hint_needs_a_last_block_worth_the_name():
+    from harness.diagnose import hints_for
+    from harness.records import SliceProfile
+
+    def prof(extent):
+        return SliceProfile("vocab", 1024, extent, 2, err_max=[1e-5, 1e-7], err_rms=[2e-6, 1e-7],
+                            floor_max=[3e-7, 3e-7], floor_rms=[1e-7, 1e-7], oracle_max=[1.0, 1.0], count=[1, 1],
+                            scale=[1.0, 1.0], scaled_rms=[1.0, 1.0])
+    f, v = _failing([prof(2000)])
+    assert [h.cls for h in hints_for(f, v)] == ["accumulation-lost"]
     # V = 1025: the one element of the last block being right is no sign of lost accumulation
-    assert "only the last" not in localize.diagnose(loc(1025), res)
+    f, v = _failing([prof(1025)])
+    assert "accumulation-lost" not in [h.cls for h in hints_for(f, v)]
 
 
 def test_a_report_mixing_runs_names_them_and_tags_earlier_cells(tmp_path):
@@ -161,11 +174,11 @@ def test_a_report_mixing_runs_names_them_and_tags_earlier_cells(tmp_path):
     new = ReportWriter(tmp_path, "cpu", {"run_id": "r2", "commit": "bbb222", "date": "2026-02-01 00:00 UTC"})
     new.append(error_cell("mhc_pre", "golden", a, "float32", "cpu", 0, "ERROR", "fresh failure"))
     md = render_markdown("mhc_pre", *load(tmp_path / "cpu", "mhc_pre"))
-    assert "Commit `bbb222`" in md and "Cells come from several runs" in md
+    assert "commit `bbb222`" in md and "Cells come from several runs" in md
     assert "- 1 cells: commit `bbb222`" in md and "- 1 cells: commit `aaa111`" in md
     fresh = next(line for line in md.splitlines() if "fresh failure" in line)
     stale = next(line for line in md.splitlines() if "old failure" in line)
-    assert "earlier run" not in fresh and "[earlier run: commit `aaa111`" in stale
+    assert "[run at commit" not in fresh and "[run at commit `aaa111`" in stale
     assert "boom" not in md  # the newer result of the same cell replaces it
     from harness.report import cell_key, compact
 
@@ -196,7 +209,7 @@ def test_a_case_that_left_the_preset_leaves_the_report(tmp_path):
                 w.append(error_cell("mhc_pre", "golden", c, dt, "cpu", 0, "ERROR", rid))
 
     def names():
-        return sorted((c["case"]["name"], c["dtype"], c["run_id"]) for c in load(tmp_path / "cpu", "mhc_pre")[0])
+        return sorted((c.case.name, c.dtype, c.run_id) for c in load(tmp_path / "cpu", "mhc_pre")[0])
 
     run("r1", (a, b), ("float32", "float16"))
     run("r2", (a,), ("float32", "float16"), case_filter=a.name)
@@ -220,7 +233,7 @@ def test_a_report_of_a_run_stopped_midway_lists_the_cells_without_a_result(tmp_p
     cells, runs = load(tmp_path / "cpu", "mhc_pre")
     assert runs["r1"]["planned"] == planned  # each operator's file keeps its own plan only
     md = render_markdown("mhc_pre", cells, runs)
-    assert "2 of 4 planned cells of the latest run have no result" in md
+    assert "Incomplete: 2 of 4 planned cells of the latest run have no result" in md
     assert f"- `{b.name}`: golden float32, golden float16" in md
     w.append(error_cell("mhc_pre", "golden", b, "float32", "cpu", 0, "ERROR", "boom"))
     w.append(error_cell("mhc_pre", "golden", b, "float16", "cpu", 0, "ERROR", "boom"))
@@ -234,28 +247,38 @@ def test_heatmaps_are_drawn_once_per_data(tmp_path):
     from harness.report import heatmaps
 
     grid = {"values": [[0.0, 1.0], [2.0, 3.0]], "axes": ["head", "position"], "block": [1, 64]}
-    cell = {"backend": "triton", "dtype": "float32", "case": {"name": "c1", "params": {}, "microbatches": 0},
-            "components": [{"name": "dq", "verdict": "FAIL", "localization": {"grid": grid}}]}
-    (path,) = heatmaps(tmp_path, "op", [cell]).values()
+    cell = [_failing_cell("c1", grid)]
+    (path,) = heatmaps(tmp_path, "op", cell).values()
     png = tmp_path / path
     first = png.stat().st_mtime_ns
     os.utime(png, ns=(first - 10**9, first - 10**9))  # so that a rewrite would show
-    heatmaps(tmp_path, "op", [cell])
+    heatmaps(tmp_path, "op", cell)
     assert png.stat().st_mtime_ns == first - 10**9  # same data: the picture is kept
     grid["values"][0][0] = 5.0
-    heatmaps(tmp_path, "op", [cell])
+    heatmaps(tmp_path, "op", cell)
     assert png.stat().st_mtime_ns != first - 10**9  # new data: drawn again
 
 
-def test_a_declared_gap_can_name_an_input_class():
+def _failing_cell(name, grid):
+    from harness.judgement import Rules, judge_cell
+    from harness.records import CellRecord, ComponentFigures, Status
+
+    f = ComponentFigures("dq", dtype="float32", numel=64, max_excess=1.0, rms_excess=1.0, floor_max=1e-7,
+                         floor_rms=1e-7, oracle_max=1.0, oracle_rms=1.0, grid=grid)
+    rec = CellRecord("op", "triton", "float32", Case(name, {}), "cpu", status=Status.FAIL, components=[f])
+    return judge_cell(rec, Rules())
+
+
+def test_a_declared_gap_in_the_older_form_names_an_input_class():
     from harness.registry import Backend
 
     b = Backend(operator="op", name="b", impl=lambda: None,
                 expected_gaps={"float16": "all fp16", "float32@confident+smoothing": "cancels"})
-    assert b.expected_gap("float16", ()) == "all fp16"
-    assert b.expected_gap("float32", ("confident", "smoothing", "V>1024")) == "cancels"
-    assert b.expected_gap("float32", ("confident",)) is None  # every named tag is needed
-    assert b.expected_gap("bfloat16", ("confident", "smoothing")) is None
+    (fp16, fp32) = sorted(b.gaps, key=lambda g: g.dtypes)
+    assert fp16.covers_cell("float16", (), "cpu") and fp16.ceiling == 10.0 and not fp16.components
+    assert fp32.covers_cell("float32", ("confident", "smoothing", "V>1024"), "h100")
+    assert not fp32.covers_cell("float32", ("confident",), "cpu")  # every named tag is needed
+    assert not fp32.covers_cell("bfloat16", ("confident", "smoothing"), "cpu")
 
 
 def test_many_heatmaps_are_drawn_by_a_process_pool(tmp_path):
@@ -263,8 +286,7 @@ def test_many_heatmaps_are_drawn_by_a_process_pool(tmp_path):
     from harness.report import _png_digest, heatmaps
 
     grid = {"values": [[0.0, 1.0], [2.0, 3.0]], "axes": ["head", "position"], "block": [1, 64]}
-    cells = [{"backend": "triton", "dtype": "float32", "case": {"name": f"c{i}", "params": {}, "microbatches": 0},
-              "components": [{"name": "dq", "verdict": "FAIL", "localization": {"grid": grid}}]} for i in range(10)]
+    cells = [_failing_cell(f"c{i}", grid) for i in range(10)]
     paths = heatmaps(tmp_path, "op", cells).values()
     assert len(paths) == 10 and all(_png_digest(tmp_path / p) for p in paths)  # each drawn, with its digest
 
@@ -281,5 +303,6 @@ def test_a_floor_summary_bounds_like_the_sample_it_replaces():
     later[9] = float("inf")
     whole, _ = judge("x", k, o, [first, later], torch.float32)
     summed, _ = judge("x", k, o, [first, FloorSummary.of(later, o)], torch.float32)
-    assert (summed.ref_max, summed.ref_rms, summed.verdict) == (whole.ref_max, whole.ref_rms, whole.verdict)
-    assert summed.ref_max > float(first.max())
+    w, s = whole.figures, summed.figures
+    assert (s.floor_max, s.floor_rms, summed.verdict) == (w.floor_max, w.floor_rms, whole.verdict)
+    assert s.floor_max > float(first.max())

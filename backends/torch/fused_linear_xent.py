@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from backends.torch.softmax_xent import xent_loss
-from harness import Backend, register_backend
+from harness import Backend, ContractException, Gap, register_backend
 
 Tensor = torch.Tensor
 
@@ -24,9 +24,18 @@ def fused_linear_xent_torch(hidden: Tensor, weight: Tensor, bias: Tensor | None,
     return out
 
 
+_EAGER = "eager logits, loss and softmax are computed in the case dtype"
+
 register_backend(Backend(
     operator="fused_linear_xent", name="torch", impl=fused_linear_xent_torch, devices=("cpu", "cuda"),
-    expected_gaps={"float16": "eager logits, loss and softmax are computed in the case dtype",
-                   "bfloat16": "eager logits, loss and softmax are computed in the case dtype"},
+    # ceilings: the worst ratios of the committed H100/H200/CPU sweeps (at 350e7a5), with about 2x room
+    expected_gaps=(
+        Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("loss",), ceiling=4e4, range_errors=True),
+        Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("lse",), ceiling=350.0),
+        Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("dbias",), ceiling=400.0),
+        Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("dhidden", "dweight"), ceiling=40.0),
+    ),
+    # the dbias sum invariant (sum_i (g_i/D) 2 z_loss LSE_i) misses its budget in fp16: the same rounding
+    contract_exceptions=(ContractException("invariants", _EAGER, dtypes=("float16", "bfloat16")),),
     dtypes=("float32", "bfloat16", "float16"), deterministic=True, sources=(__file__,),
     description="F.linear (+bias), softcap, F.cross_entropy in the case dtype; logits materialized"))

@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from harness import Backend, register_backend
+from harness import Backend, Gap, register_backend
 
 Tensor = torch.Tensor
 
@@ -35,10 +35,17 @@ def sdpa_causal(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, *,
     return {"o": F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)}
 
 
+_EAGER = "eager attention computes scores, softmax and p+c in the case dtype"
+
 register_backend(Backend(
     operator="lazy_attention", name="torch", impl=lazy_attention_torch, devices=("cpu", "cuda"),
-    expected_gaps={"float16": "eager attention computes scores, softmax and p+c in the case dtype",
-                   "bfloat16": "eager attention computes scores, softmax and p+c in the case dtype"},
+    # ceilings: the worst ratios of the committed H100/H200/CPU sweeps (at 350e7a5), with about 2x room: the
+    # per-head scalars dtau and dbias are sums over every score, accumulated in the case dtype
+    expected_gaps=(
+        Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("dtau", "dbias"), ceiling=7e5),
+        Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("dq", "dk"), ceiling=70.0),
+        Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("dv", "o"), ceiling=3.0),
+    ),
     dtypes=("float32", "bfloat16", "float16"), deterministic=True, sources=(__file__,),
     description="eager torch in the case dtype (matmul, softmax, relu), autograd backward"))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from harness import Backend, register_backend
+from harness import Backend, ContractException, Gap, register_backend
 
 Tensor = torch.Tensor
 
@@ -37,14 +37,24 @@ def softmax_xent_torch(logits: Tensor, targets: Tensor, **options: object) -> di
     return {"loss": xent_loss(logits, targets, **options)}
 
 
+_EAGER = "eager cross-entropy computes the loss and softmax in the case dtype"
+
 register_backend(Backend(
     operator="softmax_xent", name="torch", impl=softmax_xent_torch, devices=("cpu", "cuda"),
-    expected_gaps={"float16": "eager cross-entropy computes the loss and softmax in the case dtype",
-                   "bfloat16": "eager cross-entropy computes the loss and softmax in the case dtype",
-                   # dlogits of the confident label-smoothing cases: max error 2.8x (N128-V1025) and 3.0x
-                   # (N4096-V32000) its bound on an H200, 6.0x (N16-V1025) on CPU; the kernels subtract the
-                   # true-class term before any rounding and pass there
-                   "float32@confident+smoothing": "eager autograd forms the true-class gradient as "
-                   "g_y - p_y * sum(g), which cancels at confident rows with label smoothing"},
+    # ceilings: the worst ratios of the committed H100/H200/CPU sweeps (at 350e7a5), with about 2x room
+    expected_gaps=(
+        Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("loss",), ceiling=4e4, range_errors=True),
+        # dlogits of the label-smoothing cases: 1.3e5x (bf16, extreme logits with z-loss), 1.0e4x (fp16)
+        Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("dlogits",), tags=("smoothing",), ceiling=3e5,
+            range_errors=True),
+        # dlogits of the confident label-smoothing cases: max error 2.8x (N128-V1025) and 3.0x (N4096-V32000)
+        # its bound on an H200, 5.7x on an H100, 6.2x (N16-V1025) on CPU; the kernels subtract the
+        # true-class term before any rounding and pass there
+        Gap("eager autograd forms the true-class gradient as g_y - p_y * sum(g), which cancels at confident "
+            "rows with label smoothing", dtypes=("float32",), components=("dlogits",),
+            tags=("confident", "smoothing"), ceiling=12.0),
+    ),
+    # the dlogits row-sum invariant misses its budget on the extreme z-loss rows: the same rounding
+    contract_exceptions=(ContractException("invariants", _EAGER, dtypes=("float16", "bfloat16")),),
     dtypes=("float32", "bfloat16", "float16"), deterministic=True, sources=(__file__,),
     description="F.cross_entropy (+ z-loss via logsumexp) in the case dtype, autograd backward"))

@@ -1,0 +1,257 @@
+"""Hints: a likely cause of a failing component, only where the figures in its cell back it.
+
+Every hint is a claim with evidence, derived from the stored figures when a report is rendered:
+
+- structural (a stride, later blocks' offsets, lost accumulation, a tail bound, slot 0): needs contrast
+  along one axis (the bad slices at least CONTRAST times their bound, every other slice within it, no
+  slice in between), enough slices (MIN_STRIDE_SLICES for a stride), block wording only on axes that
+  have blocks, the tail rule before the offsets rule, and an error profile that the floor's own
+  per-slice profile does not explain (normalized by the floor, the contrast must persist). Slices where
+  the oracle is exactly zero are neither ok nor bad.
+- scale: k ~ a*o with the rest at the floor names the factor; per-slice factors with the rest at the
+  floor name the per-slice pattern.
+- precision: the error follows the floor's profile; the reference computed in the case dtype is the
+  yardstick of effective precision.
+- non-finite: +-inf where the oracle is finite is an overflow; NaN is "never written" only in a buffer
+  the harness poisoned.
+- otherwise "no structure found".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .localize import ranges
+from .records import ComponentFigures, SliceProfile
+from .verdict import Verdict
+
+CONTRAST = 3.0  # bad slices at least this many times their bound, for a structural hint
+MIN_STRIDE_SLICES = 3  # a stride hint needs at least this many slices with a non-zero oracle
+FLOOR_SHAPE_SPREAD = 4.0  # per-slice error / floor within this factor: the error follows the floor
+SCALE_TOLERANCE = 1e-3  # |a - 1| below this is no scale bug
+
+STRUCTURAL = frozenset({"stride", "later-block-offsets", "accumulation-lost", "tail", "slot0", "zeros"})
+
+
+@dataclass(frozen=True)
+class Hint:
+    """One likely cause. ``cls`` is what the bug zoo checks (see STRUCTURAL and the module docstring)."""
+
+    cls: str
+    text: str
+    axis: str = ""
+
+    @property
+    def structural(self) -> bool:
+        return self.cls in STRUCTURAL
+
+
+def slice_ratios(p: SliceProfile, v: Verdict) -> list[float]:
+    """Each slice's error over the component's bound (the worse of max and, where it applies, rms)."""
+    out = []
+    for i in range(p.buckets):
+        r = p.err_max[i] / v.tol_max if v.tol_max > 0 else (math.inf if p.err_max[i] > 0 else 0.0)
+        if v.rms_applies and v.tol_rms > 0:
+            r = max(r, p.err_rms[i] / v.tol_rms)
+        out.append(r)
+    return out
+
+
+def bad_slices(p: SliceProfile, v: Verdict) -> list[int]:
+    """Slices over the bound (or with non-finite values where the oracle differs): the "where" column."""
+    return sorted({i for i, r in enumerate(slice_ratios(p, v)) if r > 1} | set(p.nonfinite))
+
+
+def where(fig: ComponentFigures, v: Verdict) -> str:
+    """'head: 1-3 bad of 4 (0 ok); first bad index [0, 1, 5]'."""
+    parts = []
+    for p in fig.slices:
+        bad = bad_slices(p, v)
+        if not bad or p.buckets == 1:
+            continue
+        unit = f" (blocks of {p.block * p.bucket})" if p.block * p.bucket > 1 else ""
+        ok = sorted(set(range(p.buckets)) - set(bad))
+        s = f"{p.axis}{unit}: {ranges(bad)} bad of {p.buckets}" + (f" ({ranges(ok)} ok)" if ok else " (all)")
+        if p.zero:
+            s += f", zeros in {ranges(p.zero)}"
+        parts.append(s)
+    if fig.first_bad:
+        parts.append(f"first bad index {fig.first_bad}")
+    return "; ".join(parts)
+
+
+@dataclass
+class _Axis:
+    """One axis sorted into bad / ok / in-between slices, the oracle's zero slices set apart."""
+
+    p: SliceProfile
+    bad: list[int]
+    ok: list[int]
+    mid: list[int]
+    live: list[int]  # slices whose oracle is not exactly zero
+
+    @staticmethod
+    def of(p: SliceProfile, v: Verdict) -> _Axis:
+        ratios = slice_ratios(p, v)
+        live = [i for i in range(p.buckets) if p.oracle_max[i] > 0 or i in p.nonfinite]
+        bad = [i for i in live if ratios[i] >= CONTRAST or i in p.nonfinite]
+        ok = [i for i in live if ratios[i] <= 1 and i not in p.nonfinite]
+        mid = [i for i in live if i not in bad and i not in ok]
+        return _Axis(p, bad, ok, mid, live)
+
+    def contrast(self) -> bool:
+        """Bad slices stand out, and not because the floor's own errors have that shape."""
+        if not self.bad or not self.ok or self.mid:
+            return False
+        q = self._over_floor()
+        worst_ok = max(q[i] for i in self.ok)
+        best_bad = min(q[i] for i in self.bad)
+        return best_bad >= CONTRAST * worst_ok
+
+    def _over_floor(self) -> list[float]:
+        p = self.p
+        out = []
+        for i in range(p.buckets):
+            if i in p.nonfinite:
+                out.append(math.inf)
+            elif p.floor_rms[i] > 0:
+                out.append(p.err_rms[i] / p.floor_rms[i])
+            else:
+                out.append(math.inf if p.err_rms[i] > 0 else 0.0)
+        return out
+
+    def follows_floor(self) -> float | None:
+        """max/min of error over floor across live slices, when it stays within FLOOR_SHAPE_SPREAD."""
+        q = [x for i, x in enumerate(self._over_floor()) if i in self.live]
+        if len(q) < 2 or min(q) <= 0 or not all(map(math.isfinite, q)):
+            return None
+        spread = max(q) / min(q)
+        return spread if spread <= FLOOR_SHAPE_SPREAD else None
+
+
+def _structural(ax: _Axis) -> list[Hint]:
+    p, live, bad = ax.p, ax.live, set(ax.bad)
+    if p.bucket != 1 or len(live) < 2 or not ax.contrast():
+        return []
+    name, first, last = p.axis, live[0], live[-1]
+    hints = []
+    if p.zero and set(p.zero) == bad:
+        hints.append(Hint("zeros", f"{name} {ranges(sorted(bad))} hold zeros where the oracle does not: never "
+                                   "accumulated, or stored through another tensor's pointer", name))
+    if p.has_blocks and bad == {last} and last == p.buckets - 1 and p.tail_is_partial():
+        lo = (p.buckets - 1) * p.block
+        hints.append(Hint("tail", f"only the last, partial {name} block ({name} {lo}-{p.extent - 1}) is wrong: "
+                                  "a tail mask or bound", name))
+    elif bad == set(live) - {first} and len(live) >= MIN_STRIDE_SLICES:
+        if p.has_blocks:
+            hints.append(Hint("later-block-offsets", f"only the first {name} block is right: offsets of later "
+                                                     f"{name} blocks are wrong", name))
+        else:
+            hints.append(Hint("stride", f"only {name} {first} is right: a {name} stride is wrong (e.g. one "
+                                        f"tensor addressed with another tensor's {name} stride)", name))
+    elif bad == set(live) - {last} and p.has_blocks and _last_block_is_full_enough(p):
+        hints.append(Hint("accumulation-lost", f"only the last {name} block is right: accumulation across "
+                                               f"{name} blocks lost (each block overwrites the previous one)", name))
+    elif bad == {first} and len(live) > 2:
+        hints.append(Hint("slot0", f"only {name} {first} is wrong: results of other {name}s accumulated into "
+                                   f"slot {first}?", name))
+    return hints
+
+
+def _last_block_is_full_enough(p: SliceProfile) -> bool:
+    """At least half a block: a short tail that happens to be right says little about accumulation."""
+    tail = p.extent - (p.slices - 1) * p.block
+    return 2 * tail >= p.block
+
+
+def _scale(fig: ComponentFigures, v: Verdict) -> list[Hint]:
+    if fig.oracle_rms <= 0:
+        return []
+    at_floor = fig.scaled_max <= v.tol_max and (not v.rms_applies or fig.scaled_rms <= v.tol_rms)
+    if at_floor and abs(fig.scale - 1) > SCALE_TOLERANCE:
+        if abs(fig.scale + 1) <= SCALE_TOLERANCE:
+            return [Hint("scale", f"sign flipped: {fig.name} = {fig.scale:.3f} x oracle")]
+        return [Hint("scale", f"{fig.name} = {fig.scale:.3f} x oracle (the rest at the floor): a scale or "
+                              "normalizer is off (mean vs sum, a microbatch count, a missing factor)")]
+    for p in fig.slices:
+        if p.bucket != 1 or p.buckets < 2:
+            continue
+        live = [i for i in range(p.buckets) if p.oracle_max[i] > 0]
+        total = sum(p.count[i] for i in live)
+        if len(live) < 2 or total == 0:
+            continue
+        rest = math.sqrt(sum(p.count[i] * p.scaled_rms[i] ** 2 for i in live) / total)
+        factors = [p.scale[i] for i in live]
+        if rest <= v.tol_rms and max(p.scaled_rms[i] for i in live) <= v.tol_max and \
+                max(factors) - min(factors) > 2 * SCALE_TOLERANCE * max(1.0, max(map(abs, factors))):
+            return [Hint("per-slice-scale", f"each {p.axis} scaled by its own factor ({min(factors):.3g} .. "
+                                            f"{max(factors):.3g}; the rest at the floor): a per-{p.axis} factor "
+                                            f"ignored or wrong (the per-{p.axis} upstream gradient?)", p.axis)]
+    return []
+
+
+def _precision(fig: ComponentFigures, axes: list[_Axis]) -> list[Hint]:
+    if fig.floor_rms <= 0:
+        return []
+    followed = [a for a in axes if len(a.live) >= 3 and a.follows_floor() is not None]
+    if fig.slices and not followed:
+        return []
+    x = fig.rms_excess / fig.floor_rms
+    how = (f"the error follows the floor's per-{followed[0].p.axis} profile" if followed
+           else "the error has no profile to compare")
+    if fig.lowp_rms is not None and fig.lowp_rms > 0:
+        m = fig.lowp_rms / fig.floor_rms
+        kind = (f"consistent with math in {fig.dtype}" if x >= 0.5 * m else
+                f"between float32 and {fig.dtype} math")
+        return [Hint("precision", f"precision: {how}, at {x:.2g}x the float32 floor; the reference computed in "
+                                  f"{fig.dtype} errs {m:.2g}x: {kind}")]
+    if not followed:
+        return []
+    return [Hint("precision", f"precision: {how}, at {x:.2g}x the float32 floor: lower-precision arithmetic "
+                              "somewhere (16-bit or TF32 intermediates?)")]
+
+
+def _nonfinite(fig: ComponentFigures) -> list[Hint]:
+    hints = []
+    if fig.mismatch_inf:
+        hints.append(Hint("overflow", f"overflow: {fig.mismatch_inf} value(s) are +-inf where the oracle is "
+                                      f"finite: an intermediate exceeds the range of its dtype"))
+    if fig.mismatch_nan and fig.poisoned:
+        hints.append(Hint("never-written", f"never written: {fig.mismatch_nan} NaN(s) left in a buffer the "
+                                           "harness allocated NaN-poisoned"))
+    elif fig.mismatch_nan:
+        hints.append(Hint("nan", f"NaN where the oracle is finite ({fig.mismatch_nan}): produced by the "
+                                 "computation (inf - inf or 0 * inf after an overflow, 0/0, or a read past a mask)"))
+    if not hints:
+        hints.append(Hint("nonfinite", "NaN/Inf positions differ from the oracle's (the oracle is not finite "
+                                       "where the backend is)"))
+    return hints
+
+
+NO_STRUCTURE = Hint("none", "no structure found")
+
+
+def hints_for(fig: ComponentFigures, v: Verdict) -> list[Hint]:
+    """The hints a failing component's figures support (NO_STRUCTURE when none)."""
+    if not v.failed:
+        return []
+    if v.kind == "missing":
+        return [Hint("missing", "gradient never produced: the input is not connected to the outputs")]
+    if v.kind == "shape":
+        return [Hint("shape", "wrong shape or dtype")]
+    if fig.legacy is not None:
+        return [Hint("needs-rerun", "needs re-run: stored by an older harness, without the figures a "
+                                    "diagnosis needs")]
+    if v.kind == "nonfinite":
+        return _nonfinite(fig)
+    if v.kind == "all-zero":
+        return [Hint("zeros", "all zeros where the oracle is not: never written or never accumulated (a "
+                              "missing store, or a store through another tensor's pointer)")]
+    axes = [_Axis.of(p, v) for p in fig.slices]
+    found = _scale(fig, v)
+    if not found:
+        found = [h for a in axes for h in _structural(a)]
+    if not found:
+        found = _precision(fig, axes)
+    return found or [NO_STRUCTURE]
