@@ -24,12 +24,15 @@ from dataclasses import dataclass
 
 from .localize import ranges
 from .records import ComponentFigures, SliceProfile
-from .verdict import Verdict
+from .verdict import EPS_BY_NAME, Verdict
 
 CONTRAST = 3.0  # bad slices at least this many times their bound, for a structural hint
 MIN_STRIDE_SLICES = 3  # a stride hint needs at least this many slices with a non-zero oracle
 FLOOR_SHAPE_SPREAD = 4.0  # per-slice error / floor within this factor: the error follows the floor
-SCALE_TOLERANCE = 1e-3  # |a - 1| below this is no scale bug
+SCALE_TOLERANCE = 1e-3  # |a - 1| below this is no scale bug (nor below 4 eps of the dtype: rounding)
+SCALE_MIN_NUMEL = 16  # a least-squares factor of fewer values explains anything (one value: exactly)
+SCALE_MIN_SLICE = 4  # elements per slice for a per-slice factor
+LOWP_CONSISTENT = 3.0  # error within this many times the case-dtype reference's: a precision matter
 
 STRUCTURAL = frozenset({"stride", "later-block-offsets", "accumulation-lost", "tail", "slot0", "zeros"})
 
@@ -165,12 +168,18 @@ def _last_block_is_full_enough(p: SliceProfile) -> bool:
     return 2 * tail >= p.block
 
 
-def _scale(fig: ComponentFigures, v: Verdict) -> list[Hint]:
-    if fig.oracle_rms <= 0:
+def _scale_tolerance(fig: ComponentFigures, case_dtype: str) -> float:
+    eps = max(EPS_BY_NAME.get(fig.dtype, 2.0**-23), EPS_BY_NAME.get(case_dtype, 2.0**-23))
+    return max(SCALE_TOLERANCE, 4 * eps)
+
+
+def _scale(fig: ComponentFigures, v: Verdict, case_dtype: str) -> list[Hint]:
+    if fig.oracle_rms <= 0 or fig.numel < SCALE_MIN_NUMEL:
         return []
+    tol = _scale_tolerance(fig, case_dtype)
     at_floor = fig.scaled_max <= v.tol_max and (not v.rms_applies or fig.scaled_rms <= v.tol_rms)
-    if at_floor and abs(fig.scale - 1) > SCALE_TOLERANCE:
-        if abs(fig.scale + 1) <= SCALE_TOLERANCE:
+    if at_floor and abs(fig.scale - 1) > tol:
+        if abs(fig.scale + 1) <= tol:
             return [Hint("scale", f"sign flipped: {fig.name} = {fig.scale:.3f} x oracle")]
         return [Hint("scale", f"{fig.name} = {fig.scale:.3f} x oracle (the rest at the floor): a scale or "
                               "normalizer is off (mean vs sum, a microbatch count, a missing factor)")]
@@ -179,37 +188,41 @@ def _scale(fig: ComponentFigures, v: Verdict) -> list[Hint]:
             continue
         live = [i for i in range(p.buckets) if p.oracle_max[i] > 0]
         total = sum(p.count[i] for i in live)
-        if len(live) < 2 or total == 0:
+        if len(live) < 2 or total == 0 or min(p.count[i] for i in live) < SCALE_MIN_SLICE:
             continue
         rest = math.sqrt(sum(p.count[i] * p.scaled_rms[i] ** 2 for i in live) / total)
         factors = [p.scale[i] for i in live]
         if rest <= v.tol_rms and max(p.scaled_rms[i] for i in live) <= v.tol_max and \
-                max(factors) - min(factors) > 2 * SCALE_TOLERANCE * max(1.0, max(map(abs, factors))):
+                max(factors) - min(factors) > 2 * tol * max(1.0, max(map(abs, factors))):
             return [Hint("per-slice-scale", f"each {p.axis} scaled by its own factor ({min(factors):.3g} .. "
                                             f"{max(factors):.3g}; the rest at the floor): a per-{p.axis} factor "
                                             f"ignored or wrong (the per-{p.axis} upstream gradient?)", p.axis)]
     return []
 
 
-def _precision(fig: ComponentFigures, axes: list[_Axis]) -> list[Hint]:
-    if fig.floor_rms <= 0:
+def _against_lowp(fig: ComponentFigures, dtype: str) -> list[Hint]:
+    """Precision by the yardstick: the error is no larger than (a few times) that of the reference
+    computed with its math in the case dtype."""
+    if not fig.lowp_rms or not fig.lowp_max:
         return []
+    r = max(fig.rms_excess / fig.lowp_rms, fig.max_excess / fig.lowp_max)
+    if r > LOWP_CONSISTENT:
+        return []
+    over = f", {fig.rms_excess / fig.floor_rms:.2g}x the float32 floor's" if fig.floor_rms > 0 else ""
+    kind = f"consistent with math in {dtype}" if r >= 0.3 else f"between float32 and {dtype} math"
+    return [Hint("precision", f"precision: the error is {r:.2g}x that of the reference computed in {dtype}"
+                              f"{over}: {kind}")]
+
+
+def _follows_floor(fig: ComponentFigures, axes: list[_Axis]) -> list[Hint]:
+    """Precision by the profile: per slice, the error is a steady multiple of the floor's."""
     followed = [a for a in axes if len(a.live) >= 3 and a.follows_floor() is not None]
-    if fig.slices and not followed:
+    if fig.floor_rms <= 0 or not followed:
         return []
     x = fig.rms_excess / fig.floor_rms
-    how = (f"the error follows the floor's per-{followed[0].p.axis} profile" if followed
-           else "the error has no profile to compare")
-    if fig.lowp_rms is not None and fig.lowp_rms > 0:
-        m = fig.lowp_rms / fig.floor_rms
-        kind = (f"consistent with math in {fig.dtype}" if x >= 0.5 * m else
-                f"between float32 and {fig.dtype} math")
-        return [Hint("precision", f"precision: {how}, at {x:.2g}x the float32 floor; the reference computed in "
-                                  f"{fig.dtype} errs {m:.2g}x: {kind}")]
-    if not followed:
-        return []
-    return [Hint("precision", f"precision: {how}, at {x:.2g}x the float32 floor: lower-precision arithmetic "
-                              "somewhere (16-bit or TF32 intermediates?)")]
+    return [Hint("precision", f"precision: the error follows the floor's per-{followed[0].p.axis} profile at "
+                              f"{x:.2g}x the float32 floor: lower-precision arithmetic somewhere (16-bit or TF32 "
+                              "intermediates?)")]
 
 
 def _nonfinite(fig: ComponentFigures) -> list[Hint]:
@@ -232,8 +245,9 @@ def _nonfinite(fig: ComponentFigures) -> list[Hint]:
 NO_STRUCTURE = Hint("none", "no structure found")
 
 
-def hints_for(fig: ComponentFigures, v: Verdict) -> list[Hint]:
-    """The hints a failing component's figures support (NO_STRUCTURE when none)."""
+def hints_for(fig: ComponentFigures, v: Verdict, case_dtype: str = "") -> list[Hint]:
+    """The hints a failing component's figures support (NO_STRUCTURE when none). ``case_dtype``: the
+    cell's dtype (the yardstick reference computes in it; a float32 loss of a bf16 cell is still bf16 math)."""
     if not v.failed:
         return []
     if v.kind == "missing":
@@ -248,10 +262,13 @@ def hints_for(fig: ComponentFigures, v: Verdict) -> list[Hint]:
     if v.kind == "all-zero":
         return [Hint("zeros", "all zeros where the oracle is not: never written or never accumulated (a "
                               "missing store, or a store through another tensor's pointer)")]
+    # strongest evidence first: contrast along an axis, then the case-dtype yardstick (so that rounding
+    # is not read as a scale), then a fitted scale, then an error shaped like the floor's
     axes = [_Axis.of(p, v) for p in fig.slices]
-    found = _scale(fig, v)
-    if not found:
-        found = [h for a in axes for h in _structural(a)]
-    if not found:
-        found = _precision(fig, axes)
-    return found or [NO_STRUCTURE]
+    dtype = case_dtype or fig.dtype
+    for rule in (lambda: [h for a in axes for h in _structural(a)], lambda: _against_lowp(fig, dtype),
+                 lambda: _scale(fig, v, dtype), lambda: _follows_floor(fig, axes)):
+        found = rule()
+        if found:
+            return found
+    return [NO_STRUCTURE]

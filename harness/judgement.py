@@ -136,7 +136,7 @@ def judge_cell(rec: CellRecord, rules: Rules | None = None, device_class: str = 
         j.shown, j.gap = "XFAIL", gap
         return j  # no hints, no heatmaps on a declared gap: its figures are shown as they are
     for c in failed:
-        c.hints = hints_for(c.figures, c.verdict)
+        c.hints = hints_for(c.figures, c.verdict, rec.dtype)
         c.where = where(c.figures, c.verdict) if c.figures.legacy is None else ""
     j.severity = _severity(failed, broken)
     return j
