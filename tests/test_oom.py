@@ -49,7 +49,8 @@ def test_recorded_durations_start_the_longest_groups_first(tmp_path):
     w = ReportWriter(tmp_path, "cpu", {"run_id": "r1", "commit": "c"})
     for t in p.tasks:
         cell = error_cell(t.operator, t.backend, t.case, t.dtype, "cpu", 0, "ERROR", "x")
-        w.append({**cell, "duration_s": 99.0 if t is slow else 1.0})
+        cell.duration_s = 99.0 if t is slow else 1.0
+        w.append(cell)
     durations = recorded(tmp_path / "cpu", ["mhc_pre", "softmax_xent"], ("duration_s",))["duration_s"]
     assert durations[duration_key(slow.operator, slow.backend, slow.dtype, slow.case.name)] == 99.0
     assert runner.order_groups(p.tasks, durations)[0][0] is slow  # the slowest group now goes first
@@ -83,8 +84,13 @@ def test_workers_sharing_a_gpu_start_together_only_groups_that_fit_in_it():
     packer.release(0, 1_000)
     assert packer.take([big], 0) == (big, 60_000)  # a GPU with nothing running takes any group
     # out of memory in this run: what the cell held plus the allocation that failed
-    packer.learn_oom(small[0], {"error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
-                                "peak_mem_mb": 500})
+    from harness.cell import error_cell
+
+    t = small[0]
+    oom = error_cell(t.operator, t.backend, t.case, t.dtype, "cuda", 0, "ERROR",
+                     "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
+    oom.peak_mem_mb = 500
+    packer.learn_oom(t, oom)
     assert packer.need(small) == 500 + 2048
     assert runner.MemoryPacker({}, None).take([small, big], 0) == (small, 0.0)  # unshared: plain queue order
 
@@ -128,12 +134,15 @@ def test_the_run_says_where_its_time_went():
 def test_the_run_names_the_backends_that_took_longest():
     from harness.cli import busiest_backends
 
-    cells = [{"operator": "op", "backend": "slow", "duration_s": 10.0},
-             {"operator": "op", "backend": "slow", "duration_s": 5.0},
-             {"operator": "op", "backend": "fast", "duration_s": 1.0},
-             {"operator": "op", "backend": "skipped"}]
+    from harness.records import CellRecord
+    from harness.spec import Case
+
+    def cell(backend: str, duration: float | None) -> CellRecord:
+        return CellRecord("op", backend, "float32", Case("c", {}), "cpu", duration_s=duration)
+
+    cells = [cell("slow", 10.0), cell("slow", 5.0), cell("fast", 1.0), cell("skipped", None)]
     assert busiest_backends(cells) == "op/slow 15 s, op/fast 1 s"
     # both calls of the backend timed: first call / the same call again (compilation shows as the gap)
-    cells[0].update(backend_s=8.0, backend_again_s=0.5)
-    cells[1].update(backend_s=3.0, backend_again_s=0.4)
+    cells[0].backend_s, cells[0].backend_again_s = 8.0, 0.5
+    cells[1].backend_s, cells[1].backend_again_s = 3.0, 0.4
     assert busiest_backends(cells) == "op/slow 15 s (11 / 1), op/fast 1 s"
