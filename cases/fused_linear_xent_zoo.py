@@ -19,7 +19,7 @@ register_mutant(Mutant(
     edits=(("wrapper.py", "dtype=torch.float32, device=h.device)  # dweight: float32 across chunks",
             "dtype=W.dtype, device=h.device)  # dweight: float32 across chunks"),),
     expect=(Expectation(C("zoo-bf16-accum-N262144-H32-V67", 262144, 32, 67, ignored=0.2), "bfloat16",
-                        fail=("dweight",), passing=("loss", "dhidden", "dbias")),),
+                        fail=("dweight",), passing=("loss", "dhidden", "dbias"), hint="precision"),),
     description="dweight accumulated across token chunks in the input dtype (bf16) instead of float32"))
 
 # The classic microbatch mistake: the wrapper drops the caller's global normalizer, so each
@@ -27,7 +27,7 @@ register_mutant(Mutant(
 register_mutant(Mutant(
     id="xent-microbatch-mean", operator="fused_linear_xent", backend="triton", seed=SEED,
     edits=(("wrapper.py", "use_norm = normalizer is not None", "use_norm = False"),),
-    expect=(Expectation(C("zoo-N24-H16-V67-mb2", 24, 16, 67, microbatches=2), "float32",
+    expect=(Expectation(C("zoo-N24-H16-V67-mb2", 24, 16, 67, microbatches=2), "float32", hint="microbatch-mean",
                         fail=("loss", "dhidden", "dweight", "dbias"), status="FAIL",
                         where={"dhidden": {"token": "all"}}),),
     description="per-microbatch mean instead of the global normalizer"))
@@ -38,7 +38,7 @@ register_mutant(Mutant(
     id="xent-lse-grad-dropped", operator="fused_linear_xent", backend="triton", seed=SEED,
     edits=(("kernels.py", "a = coef * (1.0 + 2.0 * lam * lse) + gl", "a = coef"),),
     expect=(
-        Expectation(C("zoo-N32-H24-V129-zloss", 32, 24, 129, ignored=0.2, z_loss=1e-2), "float32",
+        Expectation(C("zoo-N32-H24-V129-zloss", 32, 24, 129, ignored=0.2, z_loss=1e-2), "float32", hint="none",
                     fail=("dhidden", "dweight"), passing=("loss",)),
         Expectation(C("zoo-N32-H24-V129-lse-sum", 32, 24, 129, ignored=0.2, return_lse=True, reduction="sum"),
                     "float32", fail=("dhidden", "dweight"), passing=("loss", "lse")),

@@ -10,7 +10,7 @@ register_mutant(Mutant(
     description="dgamma returned as [n, D] instead of [n*D]",
     edits=(("mhc_pre.py", '"gamma": dgamma if s["has_gamma"] else None}',
             '"gamma": dgamma.view(n, D) if s["has_gamma"] else None}'),),
-    expect=(Expectation(Case("zoo-n4-D40", {"B": 1, "S": 8, "n": 4, "D": 40}), "float32",
+    expect=(Expectation(Case("zoo-n4-D40", {"B": 1, "S": 8, "n": 4, "D": 40}), "float32", hint="shape",
                         fail=("dgamma",), status="SHAPE",
                         passing=("dx", "dphi.pre", "dphi.post", "dphi.res", "dalpha.pre", "dbias.pre", "h_in")),),
 ))
@@ -26,6 +26,7 @@ register_mutant(Mutant(
     edits=(("fused_linear_xent.py", 'out = {"loss": xent_loss(z, targets, **options)}',
             'out = {"loss": xent_loss(z, targets, **{**options, "normalizer": None})}'),),
     expect=(Expectation(Case("zoo-N24-H16-V67-mb2", {"N": 24, "H": 16, "V": 67}, ("microbatch",), 2), "float32",
+                        hint="microbatch-mean",
                         fail=("loss", "dhidden", "dweight", "dbias"), status="FAIL",
                         where={"dhidden": {"token": "all"}}),),
 ))

@@ -24,7 +24,7 @@ register_mutant(Mutant(
                  f"lse, delta, {outs}*q.stride(), *k.stride(), *v.stride(), "
                  "do.stride(0), q.stride(1), do.stride(2), do.stride(3),")
                 for outs in ("tau_part, ", "dq, part, ", "dk, dv, ds_in, part_in, ")),
-    expect=(Expectation(CASE, "float32", fail=GRADS, passing=("o",),
+    expect=(Expectation(CASE, "float32", fail=GRADS, passing=("o",), hint="stride",
                         where={c: {"head": "all-but-first"} for c in GRADS}),),
 ))
 
@@ -33,7 +33,7 @@ register_mutant(Mutant(
     seed="lazy-attention-multihead-gradient-debug.md",
     description="dbias/dtau of every head accumulated into head 0's slot (head 0 holds the sum)",
     edits=(("kernels.py", "dst_h = h", "dst_h = 0"),),
-    expect=(Expectation(CASE, "float32", fail=("dbias", "dtau"), passing=("o", "dq", "dk", "dv"),
+    expect=(Expectation(CASE, "float32", fail=("dbias", "dtau"), passing=("o", "dq", "dk", "dv"), hint="none",
                         where={"dbias": {"head": "all"}, "dtau": {"head": "all"}}),),
 ))
 register_mutant(Mutant(
@@ -42,6 +42,6 @@ register_mutant(Mutant(
     description="the dq GEMM over the stored ds keeps only the last key block (accumulator not carried)",
     edits=(("kernels.py", "dq = tl.dot(ds, k, dq, input_precision=PREC)", "dq = tl.dot(ds, k, input_precision=PREC)"),),
     # under the interpreter key blocks are 32 wide: rows 0-31 have one key block, row 32 (query block 2) two
-    expect=(Expectation(CASE, "float32", fail=("dq",), passing=("o", "dk", "dv", "dbias", "dtau"),
+    expect=(Expectation(CASE, "float32", fail=("dq",), passing=("o", "dk", "dv", "dbias", "dtau"), hint="tail",
                         where={"dq": {"position": "last"}}),),
 ))

@@ -29,6 +29,7 @@ register_mutant(Mutant(
             "dxv = tl.where(tl.min(j, axis=0) + BLOCK_ND >= nD, mmg, 0.0) - cf[None, :] * xf + hp[None, :] * gi"),
            ("kernels.py", _DG_LINE, "dg = tl.where(j0 + BLOCK_ND >= nD, tl.sum(ph * P, axis=0), 0.0)")),
     expect=(Expectation(CASE, "float32", fail=("dx", "dgamma"), passing=OUTS + DPHI + DALPHA + DBIAS,
+                        hint="accumulation-lost",
                         where={"dx": {"nD": "all-but-last"}, "dgamma": {"nD": "all-but-last"}}),),
 ))
 
@@ -36,7 +37,7 @@ register_mutant(Mutant(
     id="mhc-dx-missing-gemm", operator="mhc_pre", backend="triton", seed="mhc log, status table",
     description="dx omits dvecX_mm * gamma",
     edits=(("kernels.py", _DX_LINE, "dxv = - cf[None, :] * xf + hp[None, :] * gi"),),
-    expect=(Expectation(CASE, "float32", fail=("dx",), passing=OUTS + DPHI + DALPHA + DBIAS + ("dgamma",),
+    expect=(Expectation(CASE, "float32", fail=("dx",), passing=OUTS + DPHI + DALPHA + DBIAS + ("dgamma",), hint="none",
                         where={"dx": {"nD": "all", "token": "all"}}),),
 ))
 
@@ -45,7 +46,7 @@ register_mutant(Mutant(
     description="dphi never written (left as allocated: zeros)",
     edits=(("kernels.py", "tl.store(dphi_ptr + (m.to(tl.int64) * nD)[:, None] + j[None, :], P, mask=msk)",
             "pass"),),
-    expect=(Expectation(CASE, "float32", fail=DPHI, zeros=DPHI,
+    expect=(Expectation(CASE, "float32", fail=DPHI, zeros=DPHI, hint="zeros",
                         passing=OUTS + ("dx", "dgamma") + DALPHA + DBIAS),),
 ))
 
@@ -53,7 +54,7 @@ register_mutant(Mutant(
     id="mhc-dgamma-zeros", operator="mhc_pre", backend="triton", seed="mhc log",
     description="dgamma never written (left as allocated: zeros)",
     edits=(("kernels.py", "tl.store(dgamma_ptr + j, dg, mask=jm)", "pass"),),
-    expect=(Expectation(CASE, "float32", fail=("dgamma",), zeros=("dgamma",),
+    expect=(Expectation(CASE, "float32", fail=("dgamma",), zeros=("dgamma",), hint="zeros",
                         passing=OUTS + ("dx",) + DPHI + DALPHA + DBIAS),),
 ))
 
@@ -65,7 +66,7 @@ register_mutant(Mutant(
             "acc_phi = _nd_tile(xt, gi, cf, hp, cur, r2, x_ptr,"),
            ("wrapper.py", "dx = torch.empty(x.shape, dtype=x.dtype, device=dev)",
             "dx = torch.zeros(x.shape, dtype=x.dtype, device=dev)")),
-    expect=(Expectation(CASE, "float32", fail=("dx",), contracts=("input-unchanged",),
+    expect=(Expectation(CASE, "float32", fail=("dx",), contracts=("input-unchanged",), hint="zeros",
                         passing=OUTS + DPHI + DALPHA + DBIAS + ("dgamma",)),),
 ))
 
@@ -77,7 +78,7 @@ register_mutant(Mutant(
     description="dgamma returned as [n, D] instead of [n*D]",
     edits=(("wrapper.py", "return dx, dphi, dalpha, dbias, dgamma\n",
             "return dx, dphi, dalpha, dbias, dgamma.view(n, D) if dgamma is not None else None\n"),),
-    expect=(Expectation(CASE, "float32", fail=("dgamma",), status="SHAPE",
+    expect=(Expectation(CASE, "float32", fail=("dgamma",), status="SHAPE", hint="shape",
                         passing=OUTS + ("dx",) + DPHI + DALPHA + DBIAS),),
 ))
 
@@ -86,7 +87,7 @@ register_mutant(Mutant(
     description="the pre section's sigmoid derivative s * (1 - s) replaced by s",
     edits=(("kernels.py", "dz = tl.where(pre, dhp_m * sig * (1.0 - sig), 0.0)",
             "dz = tl.where(pre, dhp_m * sig, 0.0)"),),
-    expect=(Expectation(CASE, "float32", fail=("dalpha.pre", "dbias.pre", "dphi.pre"),
+    expect=(Expectation(CASE, "float32", fail=("dalpha.pre", "dbias.pre", "dphi.pre"), hint="none",
                         passing=OUTS + ("dalpha.post", "dalpha.res", "dbias.post", "dbias.res",
                                         "dphi.post", "dphi.res")),),
 ))

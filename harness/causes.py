@@ -55,8 +55,10 @@ def _flat(params: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def cell_features(case: Case, dtype: str, marks: tuple[int, ...], pairs: list[tuple[str, str]]) -> dict[Feature, bool]:
-    """Every feature's value for one cell (``marks``: the size thresholds; ``pairs``: size pairs)."""
+def cell_features(case: Case, dtype: str, marks: tuple[int, ...], pairs: list[tuple[str, str]],
+                  blocks: tuple[int, ...] = ()) -> dict[Feature, bool]:
+    """Every feature's value for one cell (``marks``: the size thresholds; ``blocks``: the backend's block
+    sizes among them; ``pairs``: size pairs)."""
     out: dict[Feature, bool] = {}
     p = _flat(case.params)
     for t in case.tags:
@@ -71,6 +73,8 @@ def cell_features(case: Case, dtype: str, marks: tuple[int, ...], pairs: list[tu
         else:
             for m in marks:
                 out[Feature(f"{k} > {m}", f"{k} <= {m}", 2)] = v > m
+                if m in blocks and m > 1 and isinstance(v, int):  # a tail: not a multiple of a block
+                    out[Feature(f"{k} is not a multiple of {m}", f"{k} is a multiple of {m}", 2)] = v % m != 0
     for a, b in pairs:
         va, vb = p.get(a), p.get(b)
         if isinstance(va, (int, float)) and isinstance(vb, (int, float)):
@@ -96,10 +100,11 @@ def causes(judged: list[CellJudgement], blocks: dict[str, dict[str, int]] | None
             groups.setdefault((j.record.operator, j.record.backend), []).append(j)
     out = []
     for (op, backend), cells in groups.items():
-        marks = tuple(sorted(set(SIZE_MARKS) | set((blocks or {}).get(backend, {}).values())))
+        own = tuple(sorted(set((blocks.get(backend, {}) if blocks is not None else _blocks(op, backend)).values())))
+        marks = tuple(sorted(set(SIZE_MARKS) | set(own)))
         names = _numeric([j.record.case for j in cells])
         pairs = list(itertools.permutations(names, 2))
-        feats = [cell_features(j.record.case, j.record.dtype, marks, pairs) for j in cells]
+        feats = [cell_features(j.record.case, j.record.dtype, marks, pairs, own) for j in cells]
         by_sets: dict[tuple, list[str]] = {}
         for comp in dict.fromkeys(c.name for j in cells for c in j.components):
             fail = [i for i, j in enumerate(cells) if any(c.name == comp and c.failed for c in j.components)]
@@ -111,6 +116,17 @@ def causes(judged: list[CellJudgement], blocks: dict[str, dict[str, int]] | None
             if found:
                 out.append(Cause(op, backend, comps, found[:MAX_LISTED], len(fail), len(ok)))
     return out
+
+
+def _blocks(operator: str, backend: str) -> dict[str, int]:
+    """The block sizes a registered backend declares (a mutant: its base backend's)."""
+    from . import registry
+
+    if backend.startswith("mutant:"):
+        m = next((x for x in registry.mutants() if x.id == backend.split(":", 1)[1]), None)
+        backend = m.backend if m else backend
+    b = next((x for x in registry.backends(operator) if x.name == backend), None)
+    return dict(b.blocks) if b else {}
 
 
 def _separating(feats: list[dict[Feature, bool]], fail: list[int], ok: list[int]) -> list[str]:

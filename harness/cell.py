@@ -264,6 +264,7 @@ def run_cell(
             {"max_spread": spread}))
     if "naive" in got:
         cell.microbatch = _naive_report(op, case, ref, got["naive"])
+        _naive_per_component(op, case, ref, got["naive"], cell.components)
     verdicts = [verdict_of(f, op.k_max, op.k_rms).verdict for f in cell.components]
     if any(v == "FAIL" for v in verdicts) or not all(c.ok for c in cell.contracts):
         cell.status = Status.FAIL
@@ -286,6 +287,21 @@ def _contracts(op: OperatorSpec, backend: Backend, case: Case, got: dict, fresh:
         fails = op.invariants(got["outs"], got["grads"], inp, case, grad_outputs=g)
         out.append(ContractResult("invariants", not fails, "; ".join(fails[:3])))
     return out
+
+
+def _naive_per_component(op: OperatorSpec, case: Case, ref: dict, naive: dict[str, Tensor],
+                         rows: list[ComponentFigures]) -> None:
+    """Per gradient component, the relative rms error the classic microbatch mistake (each microbatch
+    normalized by its own count) would make: a diagnosis compares the backend's error with it."""
+    for fig in rows:
+        comp = op.component(fig.name)
+        v, o = naive.get(comp.tensor_name), ref["o_grad"].get(comp.tensor_name)
+        if comp.kind != "grad" or v is None or o is None or fig.kind != "figures":
+            continue
+        d = comp.select(v, case.params).double() - comp.select(o, case.params).double()
+        denom = float(comp.select(o, case.params).double().pow(2).mean().sqrt())
+        if denom > 0 and d.numel():
+            fig.naive_rel_rms = float(d.pow(2).mean().sqrt()) / denom
 
 
 def _naive_report(op: OperatorSpec, case: Case, ref: dict, naive: dict[str, Tensor]) -> dict[str, Any]:

@@ -33,6 +33,10 @@ SCALE_TOLERANCE = 1e-3  # |a - 1| below this is no scale bug (nor below 4 eps of
 SCALE_MIN_NUMEL = 16  # a least-squares factor of fewer values explains anything (one value: exactly)
 SCALE_MIN_SLICE = 4  # elements per slice for a per-slice factor
 LOWP_CONSISTENT = 3.0  # error within this many times the case-dtype reference's: a precision matter
+# an error shaped like the floor's is a precision matter only up to bf16-level: 2^16 times a float32 floor
+# (eager bf16 math measured 1.2e4 - 5.8e4x); the zoo's formula bugs sit at 1e6x and more
+PRECISION_MAX_OVER_FLOOR = 2.0**16
+NAIVE_MATCH = 0.1  # the backend's relative error within 10% of the per-microbatch-mean mistake's
 
 STRUCTURAL = frozenset({"stride", "later-block-offsets", "accumulation-lost", "tail", "slot0", "zeros"})
 
@@ -220,9 +224,20 @@ def _follows_floor(fig: ComponentFigures, axes: list[_Axis]) -> list[Hint]:
     if fig.floor_rms <= 0 or not followed:
         return []
     x = fig.rms_excess / fig.floor_rms
+    if x > PRECISION_MAX_OVER_FLOOR:
+        return []
     return [Hint("precision", f"precision: the error follows the floor's per-{followed[0].p.axis} profile at "
                               f"{x:.2g}x the float32 floor: lower-precision arithmetic somewhere (16-bit or TF32 "
                               "intermediates?)")]
+
+
+def _microbatch(fig: ComponentFigures) -> list[Hint]:
+    """The error a per-microbatch mean would make, matched: the classic normalizer mistake."""
+    n = fig.naive_rel_rms
+    if not n or abs(fig.rel_rms - n) > NAIVE_MATCH * n:
+        return []
+    return [Hint("microbatch-mean", f"the error matches a per-microbatch mean's (rel. rms {fig.rel_rms:.3g} vs "
+                                    f"{n:.3g}): each microbatch normalized by its own count, not the global one")]
 
 
 def _nonfinite(fig: ComponentFigures) -> list[Hint]:
@@ -266,7 +281,8 @@ def hints_for(fig: ComponentFigures, v: Verdict, case_dtype: str = "") -> list[H
     # is not read as a scale), then a fitted scale, then an error shaped like the floor's
     axes = [_Axis.of(p, v) for p in fig.slices]
     dtype = case_dtype or fig.dtype
-    for rule in (lambda: [h for a in axes for h in _structural(a)], lambda: _against_lowp(fig, dtype),
+    for rule in (lambda: _microbatch(fig), lambda: [h for a in axes for h in _structural(a)],
+                 lambda: _against_lowp(fig, dtype),
                  lambda: _scale(fig, v, dtype), lambda: _follows_floor(fig, axes)):
         found = rule()
         if found:

@@ -276,8 +276,8 @@ def run_zoo(
         f"**Mutation score: {len(caught)}/{len(ran)} caught ({score:.0%})**; skipped here: "
         f"{sum(r['status'] == 'SKIP' for r in rows)}.",
         "",
-        "| mutant | seed | operator / backend | planted defect | case | expected | result | shown |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mutant | seed | operator / backend | planted defect | case | expected | result | hints | shown |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         m = r["m"]
@@ -288,13 +288,15 @@ def run_zoo(
                     ", ".join(exp.fail)
                     + (f" {exp.status}" if exp.status else "")
                     + (f" contracts {','.join(exp.contracts)}" if exp.contracts else "")
+                    + (f" hint {exp.hint}" if exp.hint else "")
                 )
                 if exp
                 else ""
             )
             md.append(
                 f"| {m.id} | {m.seed} | {m.operator}/{m.backend} | {m.description} | {c['case']} | {expected} | "
-                f"{r['status']} | {c.get('shown') or '; '.join(c.get('problems', [])) or r.get('detail', '')} |"
+                f"{r['status']} | {', '.join(c.get('hints', []))} | "
+                f"{c.get('shown') or '; '.join(c.get('problems', [])) or r.get('detail', '')} |"
             )
     atomic_write(out / "mutants.md", "\n".join(md) + "\n")
     atomic_write(

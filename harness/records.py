@@ -167,6 +167,8 @@ class ComponentFigures:
     scaled_rms: float = 0.0
     lowp_max: float | None = None
     lowp_rms: float | None = None
+    # microbatch cells: rms(naive - o) / rms(o) of the per-microbatch-mean mistake, for comparison
+    naive_rel_rms: float | None = None
     first_bad: list[int] = field(default_factory=list)
     worst: list[int] = field(default_factory=list)
     slices: list[SliceProfile] = field(default_factory=list)
@@ -178,7 +180,7 @@ class ComponentFigures:
     legacy: dict[str, Any] | None = None
 
     _ROUNDED = ("mean_err", "rel_rms", "cosine", "zero_frac", "scale", "scaled_max", "scaled_rms",
-                "lowp_max", "lowp_rms", "extra_bound_max")
+                "lowp_max", "lowp_rms", "extra_bound_max", "naive_rel_rms")
 
     def to_json(self) -> dict:
         d: dict[str, Any] = {"name": self.name}
@@ -202,7 +204,7 @@ class ComponentFigures:
             if f.name in d and f.name not in ("name", "slices"):
                 v = d[f.name]
                 setattr(c, f.name, _num(v) if isinstance(getattr(c, f.name), float) or
-                        f.name in ("lowp_max", "lowp_rms") and v is not None else v)
+                        f.name in ("lowp_max", "lowp_rms", "naive_rel_rms") and v is not None else v)
         c.slices = [SliceProfile.from_json(s) for s in d.get("slices", [])]
         return c
 
