@@ -160,6 +160,9 @@ def _structural(ax: _Axis) -> list[Hint]:
     elif bad == set(live) - {last} and p.has_blocks and _last_block_is_full_enough(p):
         hints.append(Hint("accumulation-lost", f"only the last {name} block is right: accumulation across "
                                                f"{name} blocks lost (each block overwrites the previous one)", name))
+    elif not p.has_blocks and bad == {last} and last == p.buckets - 1 and len(live) >= MIN_STRIDE_SLICES:
+        hints.append(Hint("tail", f"only the last {name} ({last}) is wrong: an off-by-one at the end of the "
+                                  f"{name} range (a mask or loop bound)", name))
     elif bad == {first} and len(live) > 2:
         hints.append(Hint("slot0", f"only {name} {first} is wrong: results of other {name}s accumulated into "
                                    f"slot {first}?", name))

@@ -6,6 +6,7 @@ the backend, the oracle and the floor reference get bit-identical values in the 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections import OrderedDict
 from collections.abc import Callable
@@ -15,6 +16,7 @@ import torch
 
 from .inputs import generator, place, randn
 from .spec import Case, Inputs, OperatorSpec
+from .tf32 import TF32Matmuls
 from .verdict import FloorSummary
 
 Tensor = torch.Tensor
@@ -27,6 +29,28 @@ _ORACLE_CACHE: OrderedDict[tuple, dict] = OrderedDict()
 # and 0.31x of the bound. A change of draws alone had flipped it. GPU reports made before this change
 # were judged with 4 draws (bounds as strict or stricter).
 FLOOR_SAMPLES = 7
+# The size of the nudge (relative, each element +-): a unit or two in the last place of the floor's
+# operands, so that each draw rounds differently. For a floor with TF32 matmuls (harness/tf32.py) that
+# is a TF32 ulp, not a float32 one: nudged by 2^-22, under 0.1% of the operands reach another TF32
+# value and the 8 draws are one draw. Measured on the CPU (seed 0, TF32 floor), the worst of 8 draws
+# over the unperturbed one's error, nudged by 2^-22 -> 2^-10: fused_linear_xent N7-H16-V31 loss
+# 1.00x -> 2.55x, N7-H16-V1025 loss 1.00x -> 2.61x, N1-H16-V2 dhidden 1.00x -> 2.06x; lazy_attention
+# L33-W16-H4 dk 1.00x -> 3.58x, L17-W100-B3-qkvT dtau 1.01x -> 50x (a draw that flipped a kink-marked
+# element). Each draw is judged against its own float64 oracle, so a larger nudge samples more roundings.
+PERTURB = 2.0**-22
+PERTURB_TF32 = 2.0**-10
+# How the floor of a TF32-declared backend reduces the matmul operands (harness/tf32.py): towards zero,
+# as the tensor core does with the float32 bits Triton's TF32 tl.dot gives it (measured on an H100,
+# every element), not to nearest as cuBLAS does. A floor must be reachable by a correct kernel of either
+# kind, and truncation is the larger error of the two. Measured on the H100 against a round-to-nearest
+# floor, the in-tree lazy_attention Triton kernels with tl.dot in TF32 failed all 20 GPU sweep cells
+# (float32) at 1.0x to 2.0x on o and dv, and a three-GEMM Triton fused_linear_xent
+# (tests/plugins/tf32_linear_xent.py) all 3 smoke cells at up to 2.6x (the loss of a microbatched mean).
+# Against this floor they passed: 20/20 (worst ratio 0.50), 3/3 smoke and 34/34 sweep (worst 0.54). A
+# kernel that rounds to nearest errs less: simulated on the CPU (the lazy_attention reference, and a
+# variant with q pre-scaled and a base-2 softmax, operands rounded to nearest; CPU smoke x 10 seeds and
+# sweep x 3 seeds) the worst ratio was 0.50.
+TF32_ROUNDING = "rz"
 
 
 # Inputs are drawn on the CPU (bit-identical on every device), which takes seconds for the large sweep
@@ -151,12 +175,20 @@ def evaluate(
 def reference_run(
     op: OperatorSpec, inputs: Inputs, grad_outputs: dict[str, Tensor] | None, compute: torch.dtype, tf32: bool = False
 ) -> tuple[dict, dict, dict]:
+    """The reference on ``inputs`` with all math in ``compute``, differentiated against ``grad_outputs``.
+
+    ``tf32=True`` (the float32 floor of a backend that declares TF32 matmuls): the matmuls' operands are
+    reduced to TF32 explicitly (harness/tf32.py, ``TF32_ROUNDING``), the same bits on the CPU and the
+    GPU, while cuBLAS's own TF32 stays off, so nothing is left to its heuristics. It never applies to a
+    float64 run (the oracle): the mode is entered for float32 compute only, and reduces float32 operands.
+    """
     t = _upcast(inputs.tensors, compute)
     g = _upcast(grad_outputs, compute) if grad_outputs is not None else None
     prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        outs, grads = evaluate(op, op.reference, t, inputs.options, g)
+        with TF32Matmuls(TF32_ROUNDING) if tf32 and compute == torch.float32 else contextlib.nullcontext():
+            outs, grads = evaluate(op, op.reference, t, inputs.options, g)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
     return (
@@ -203,9 +235,10 @@ def oracle_and_floor(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int
     # a [128256, 4096] dweight (4.2 GB each) ran a V=128256 cell out of an 80 GB GPU
     summaries: dict[str, list[FloorSummary]] = {}
     pgen = generator(op.name, case.name, case.params, seed, "floor-samples")
+    rel = PERTURB_TF32 if tf32 else PERTURB
     for _ in range(FLOOR_SAMPLES):
-        pin = Inputs(_perturb(inputs.tensors, pgen), inputs.options)
-        pg = _perturb(g, pgen)
+        pin = Inputs(_perturb(inputs.tensors, pgen, rel), inputs.options)
+        pg = _perturb(g, pgen, rel)
         po, pgr, _ = reference_run(op, pin, pg, torch.float64)
         ro, rgr, _ = reference_run(op, pin, pg, torch.float32, tf32=tf32)
         ro = {k: v.to(contract.get(k, v.dtype)) for k, v in ro.items()}
@@ -218,11 +251,13 @@ def oracle_and_floor(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int
         _summarize(op, case, mo, o_out, mg, o_grad, summaries)
     extra: dict[str, Any] = {}
     if op.extra_bound is not None:
-        kw = (
-            {"matmul_precision": "tf32"}
-            if tf32 and "matmul_precision" in inspect.signature(op.extra_bound).parameters
-            else {}
-        )
+        params = inspect.signature(op.extra_bound).parameters
+        kw: dict[str, Any] = {"matmul_precision": "tf32"} if tf32 and "matmul_precision" in params else {}
+        if "floor_max" in params:
+            # what the floor itself shows on each component (the figure the verdict multiplies by K_MAX),
+            # for an allowance that must not reach far above it (cases/lazy_attention.py: kink_bound)
+            kw["floor_max"] = {comp.name: _floor_max(op, case, err_out, err_grad, o_out, o_grad, summaries, comp)
+                               for comp in op.components}
         extra = op.extra_bound(t64, _upcast(g, torch.float64), case, **kw) or {}
     entry = {
         "inputs": inputs,
@@ -255,6 +290,18 @@ def _summarize(
             into.setdefault(comp.name, []).append(FloorSummary.of(comp.select(err, case.params), sel))
 
 
+def _floor_max(op: OperatorSpec, case: Case, err_out: dict, err_grad: dict, o_out: dict, o_grad: dict,
+               summaries: dict, comp: Any) -> float:
+    """The largest floor-reference error of one component over all samples (oracle-finite positions)."""
+    errs, oracle = (err_out, o_out) if comp.kind == "out" else (err_grad, o_grad)
+    worst = [s.max for s in summaries.get(comp.name, [])]
+    for x in errs.get(comp.tensor_name, []):
+        if x is not None:
+            worst.append(FloorSummary.of(comp.select(x, case.params), comp.select(oracle[comp.tensor_name],
+                                                                                  case.params)).max)
+    return max(worst, default=0.0)
+
+
 def floor_samples(ref: dict, comp: Any, params: dict) -> list:
     """What the verdict gets as the floor of one component: the unperturbed sample's errors (a tensor)
     and the summaries of the perturbed ones."""
@@ -276,8 +323,9 @@ def _err(r: Tensor | None, o: Tensor | None) -> Tensor | None:
     return (r.double() - o.double()).abs()
 
 
-def _perturb(tensors: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
-    """Float inputs nudged by +-2^-22 (relative) in float32: another sample of float32 rounding.
+def _perturb(tensors: dict[str, Any], gen: torch.Generator, rel: float = PERTURB) -> dict[str, Any]:
+    """Float inputs nudged by +-``rel`` (relative; PERTURB, PERTURB_TF32 for a TF32 floor) in float32:
+    another sample of the floor's rounding.
 
     The signs are drawn on the tensor's own device from a seed taken from ``gen``: drawn on the CPU and
     copied, they cost seconds per sample for a [4096, 32000] input, most of a GPU cell's time."""
@@ -287,7 +335,7 @@ def _perturb(tensors: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
             dev_gen = torch.Generator(device=v.device)
             dev_gen.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
             sign = torch.randint(0, 2, tuple(v.shape), generator=dev_gen, device=v.device, dtype=torch.float32)
-            out[k] = v.detach().to(torch.float32) * (1 + 2.0**-22 * (sign * 2 - 1))
+            out[k] = v.detach().to(torch.float32) * (1 + rel * (sign * 2 - 1))
         else:
             out[k] = v
     return out

@@ -133,7 +133,6 @@ def test_the_run_says_where_its_time_went():
 
 def test_the_run_names_the_backends_that_took_longest():
     from harness.cli import busiest_backends
-
     from harness.records import CellRecord
     from harness.spec import Case
 

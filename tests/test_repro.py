@@ -64,8 +64,8 @@ def test_failing_cell_carries_its_input_digest_and_the_bundle_does_not_regenerat
 
     from harness import oracle, registry
     from harness.cell import _with_input_digest
-    from harness.repro import MAX_SAVED_BYTES, _digest, save_bundle
     from harness.records import CellRecord, Status
+    from harness.repro import MAX_SAVED_BYTES, _digest, save_bundle
     from harness.spec import Case
 
     registry.discover()

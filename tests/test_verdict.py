@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from harness import localize
+from harness.diagnose import bad_slices
 from harness.oracle import floor_samples, oracle_and_floor
 from harness.registry import get_operator
 from harness.spec import Case
-from harness.diagnose import bad_slices
 from harness.verdict import check_shape, judge, verdict_of
 
 OP = get_operator("mhc_pre")
