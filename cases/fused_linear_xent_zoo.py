@@ -19,7 +19,9 @@ register_mutant(Mutant(
     edits=(("wrapper.py", "dtype=torch.float32, device=h.device)  # dweight: float32 across chunks",
             "dtype=W.dtype, device=h.device)  # dweight: float32 across chunks"),),
     expect=(Expectation(C("zoo-bf16-accum-N262144-H32-V67", 262144, 32, 67, ignored=0.2), "bfloat16",
-                        fail=("dweight",), passing=("loss", "dhidden", "dbias"), hint="precision"),),
+                        fail=("dweight",), passing=("loss", "dhidden", "dbias"),
+                        # H100 (d98c020): none; its error is beyond 3x the bf16-math reference's
+                        hint="precision|none"),),
     description="dweight accumulated across token chunks in the input dtype (bf16) instead of float32"))
 
 # The classic microbatch mistake: the wrapper drops the caller's global normalizer, so each

@@ -41,7 +41,8 @@ register_mutant(Mutant(
     seed="mhc-triton-backward-bugfix-log.md",
     description="the dq GEMM over the stored ds keeps only the last key block (accumulator not carried)",
     edits=(("kernels.py", "dq = tl.dot(ds, k, dq, input_precision=PREC)", "dq = tl.dot(ds, k, input_precision=PREC)"),),
-    # under the interpreter key blocks are 32 wide: rows 0-31 have one key block, row 32 (query block 2) two
-    expect=(Expectation(CASE, "float32", fail=("dq",), passing=("o", "dk", "dv", "dbias", "dtau"), hint="tail",
+    # under the interpreter key blocks are 32 wide: rows 0-31 have one key block, row 32 (query block 2) two;
+    # on the GPU (64-wide blocks) the wrong rows are no block of their own: no structure to name (H100)
+    expect=(Expectation(CASE, "float32", fail=("dq",), passing=("o", "dk", "dv", "dbias", "dtau"), hint="tail|none",
                         where={"dq": {"position": "last"}}),),
 ))

@@ -70,6 +70,8 @@ def cell_features(case: Case, dtype: str, marks: tuple[int, ...], pairs: list[tu
             out[Feature(f"{k}", f"not {k}", 0)] = bool(v)
         elif isinstance(v, str):
             out[Feature(f"{k} = {v}", f"{k} != {v}", 0)] = True
+        elif isinstance(v, float):  # an option's strength (smoothing, z-loss): on or off
+            out[Feature(f"{k} > 0", f"{k} = 0", 0)] = v > 0
         else:
             for m in marks:
                 out[Feature(f"{k} > {m}", f"{k} <= {m}", 2)] = v > m
@@ -86,7 +88,7 @@ def _numeric(cases: list[Case]) -> list[str]:
     keys: dict[str, None] = {}
     for c in cases:
         for k, v in _flat(c.params).items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if isinstance(v, int) and not isinstance(v, bool):  # sizes: pairs such as L > W
                 keys[k] = None
     return list(keys)
 
@@ -100,7 +102,9 @@ def causes(judged: list[CellJudgement], blocks: dict[str, dict[str, int]] | None
             groups.setdefault((j.record.operator, j.record.backend), []).append(j)
     out = []
     for (op, backend), cells in groups.items():
-        own = tuple(sorted(set((blocks.get(backend, {}) if blocks is not None else _blocks(op, backend)).values())))
+        recorded = {v for j in cells for v in j.record.blocks.values()}  # as the cells ran
+        declared = blocks.get(backend, {}) if blocks is not None else _blocks(op, backend)
+        own = tuple(sorted(recorded or set(declared.values())))
         marks = tuple(sorted(set(SIZE_MARKS) | set(own)))
         names = _numeric([j.record.case for j in cells])
         pairs = list(itertools.permutations(names, 2))

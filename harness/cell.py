@@ -216,7 +216,7 @@ def run_cell(
     t0 = time.time()
     dtype = dtype_of(dtype_name)
     cell = CellRecord(operator=op.name, backend=backend.name, dtype=dtype_name, case=case, device=device,
-                      seed=seed, matmul_precision=backend.matmul_precision)
+                      seed=seed, matmul_precision=backend.matmul_precision, blocks=dict(backend.blocks))
     tf32 = backend.matmul_precision == "tf32"
     try:
         ref = oracle_and_floor(op, case, dtype, seed, device, tf32)

@@ -148,7 +148,7 @@ def judge_expectation(exp: Expectation, cell: CellRecord) -> tuple[bool, list[st
                 shown.append(f"{comp} {axis}: {pattern}")
     if exp.hint:
         classes = {h.cls for c in j.failed_components for h in c.hints}
-        if exp.hint not in classes:
+        if not classes & set(exp.hint.split("|")):
             problems.append(f"hint class {exp.hint} expected, got {', '.join(sorted(classes)) or 'none'}")
         else:
             shown.append(f"hint {exp.hint}")

@@ -253,6 +253,8 @@ class CellRecord:
     traceback: str = ""
     skip_kind: str = ""
     matmul_precision: str = "ieee"
+    # the block sizes the backend declared where it ran (interpreted Triton backends use smaller ones)
+    blocks: dict[str, int] = field(default_factory=dict)
     kink_marked: int | None = None
     microbatch: dict[str, Any] | None = None
     impl_file: dict[str, Any] | None = None
@@ -290,7 +292,7 @@ class CellRecord:
             if f.name in d or f.name in ("components", "contracts"):
                 continue
             v = getattr(self, f.name)
-            if v is None or v == "" or v == [] or (f.name == "matmul_precision" and v == "ieee"):
+            if v is None or v == "" or v == [] or v == {} or (f.name == "matmul_precision" and v == "ieee"):
                 continue
             d[f.name] = v
         return d

@@ -238,7 +238,8 @@ class Expectation:
     where: dict[str, dict[str, Any]] = field(default_factory=dict)
     zeros: tuple[str, ...] = ()
     # the hint class (harness/diagnose.py: stride, later-block-offsets, accumulation-lost, tail, slot0, zeros,
-    # scale, per-slice-scale, precision, overflow, never-written, nan, none, ...) one failing component must get
+    # scale, per-slice-scale, precision, overflow, never-written, nan, none, ...) one failing component must get;
+    # "a|b": either (a case whose structure a GPU's larger blocks hide: "tail|none")
     hint: str | None = None
 
 
