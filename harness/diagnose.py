@@ -30,7 +30,10 @@ CONTRAST = 3.0  # bad slices at least this many times their bound, for a structu
 MIN_STRIDE_SLICES = 3  # a stride hint needs at least this many slices with a non-zero oracle
 FLOOR_SHAPE_SPREAD = 4.0  # per-slice error / floor within this factor: the error follows the floor
 SCALE_TOLERANCE = 1e-3  # |a - 1| below this is no scale bug (nor below 4 eps of the dtype: rounding)
-SCALE_MIN_NUMEL = 16  # a least-squares factor of fewer values explains anything (one value: exactly)
+# a least-squares factor of one value explains it exactly: a factor is named from 4 values on, an exact
+# sign flip (-1 within 4 eps, the rest at the floor) from 2
+SCALE_MIN_NUMEL = 4
+SIGN_MIN_NUMEL = 2
 SCALE_MIN_SLICE = 4  # elements per slice for a per-slice factor
 LOWP_CONSISTENT = 3.0  # error within this many times the case-dtype reference's: a precision matter
 # an error shaped like the floor's is a precision matter only up to bf16-level: 2^16 times a float32 floor
@@ -181,13 +184,15 @@ def _scale_tolerance(fig: ComponentFigures, case_dtype: str) -> float:
 
 
 def _scale(fig: ComponentFigures, v: Verdict, case_dtype: str) -> list[Hint]:
-    if fig.oracle_rms <= 0 or fig.numel < SCALE_MIN_NUMEL:
+    if fig.oracle_rms <= 0 or fig.numel < SIGN_MIN_NUMEL:
         return []
     tol = _scale_tolerance(fig, case_dtype)
     at_floor = fig.scaled_max <= v.tol_max and (not v.rms_applies or fig.scaled_rms <= v.tol_rms)
+    if at_floor and abs(fig.scale + 1) <= tol:
+        return [Hint("scale", f"sign flipped: {fig.name} = {fig.scale:.3f} x oracle")]
+    if fig.numel < SCALE_MIN_NUMEL:
+        return []
     if at_floor and abs(fig.scale - 1) > tol:
-        if abs(fig.scale + 1) <= tol:
-            return [Hint("scale", f"sign flipped: {fig.name} = {fig.scale:.3f} x oracle")]
         return [Hint("scale", f"{fig.name} = {fig.scale:.3f} x oracle (the rest at the floor): a scale or "
                               "normalizer is off (mean vs sum, a microbatch count, a missing factor)")]
     for p in fig.slices:

@@ -433,3 +433,25 @@ def test_tf32_plugin_registers_and_matches_reference_interpreted() -> None:
     assert len(row["ratios"]) >= 11
     for name, r in row["ratios"].items():
         assert math.isfinite(r) and r <= 1.0, (name, r)
+
+
+@pytest.mark.gpu
+def test_a_tf32_kernel_passes_declared_tf32_and_fails_declared_ieee_on_the_gpu(tmp_path) -> None:
+    # the same Triton kernel with TF32 dots: judged against a TF32 floor it passes, against the
+    # float32 floor it fails (committed evidence: reports/tf32-evidence/h100, .ci/gpu-evidence tf32)
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device: the interpreter's tl.dot is float32 whatever the precision")
+    from harness.judgement import judge_cell
+    from harness.report import load
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "run", "--kernel", "fused_linear_xent", "--sizes", "smoke", "--backend",
+         "tf32-declared,tf32-undeclared", "--dtype", "float32", "--plugin", "tests/plugins/tf32_linear_xent.py",
+         "--device", "cuda", "--report", str(tmp_path), "--no-progress"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
+    (dc,) = [d for d in tmp_path.iterdir() if d.is_dir() and d.name != "repro"]
+    shown = {(c.backend, judge_cell(c, device_class=dc.name).shown) for c in load(dc, "fused_linear_xent")[0]}
+    assert shown == {("tf32-declared", "PASS"), ("tf32-undeclared", "FAIL")}
