@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import shlex
 import sys
 import time
@@ -26,6 +27,29 @@ def default_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class CannotRunHere(Exception):
+    """The request is well formed but nothing of it can run on this machine (exit 3)."""
+
+
+def checked_device(device: str | None) -> str:
+    """--device as given (cpu, cuda, cuda:N) or the default; anything else is a usage error, and cuda on a
+    machine without a GPU is refused (exit 3) rather than turned into a run of SKIP cells that exits 0."""
+    if device is None:
+        return default_device()
+    if device != "cpu" and device != "cuda" and not re.fullmatch(r"cuda:\d+", device):
+        raise UsageError(f"--device {device!r}: expected cpu, cuda (every visible GPU) or cuda:N")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise CannotRunHere(f"--device {device}: no CUDA device on this machine (torch "
+                                f"{torch.__version__}, torch.cuda.is_available() is False); use --device cpu")
+        n = torch.cuda.device_count()
+        if ":" in device and int(device.split(":")[1]) >= n:
+            raise UsageError(f"--device {device}: this machine has {n} GPU(s), cuda:0 to cuda:{n - 1}")
+    return device
 
 
 def _load_plugins(plugins: list[str]) -> None:
@@ -77,7 +101,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     from . import report, runner
     from .provenance import backend_provenance, device_class, run_provenance
 
-    device = a.device or default_device()
+    device = checked_device(a.device)
     _load_plugins(a.plugin)
     try:
         plan = runner.plan(
@@ -158,7 +182,13 @@ def cmd_run(a: argparse.Namespace) -> int:
     if busiest:
         print("cell-seconds by backend (first call / again): " + busiest)
     _save_repros(results, a, device)
-    return runner.exit_code(results, plan.explicit, device_class(device))
+    plugged = sorted({t.backend for t in plan.tasks
+                      if registry.get_backend(t.operator, t.backend).origin.startswith("plugin:")})
+    code = runner.exit_code(results, plan.explicit, device_class(device), plugged)
+    if code == 3:
+        for why in runner.not_run(results, plan.explicit, plugged):
+            print(f"harness run: tested nothing here: {why}", file=sys.stderr)
+    return code
 
 
 def time_breakdown(stats: dict[str, float]) -> str:
@@ -304,7 +334,7 @@ def cmd_mutants(a: argparse.Namespace) -> int:
 
     return run_zoo(
         as_list(a.kernel) or ["all"],
-        a.device or default_device(),
+        checked_device(a.device),
         a.report,
         a.timeout,
         only=as_list(a.only) or None,
@@ -319,7 +349,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return run_bench(
         as_list(a.kernel) or ["all"],
         as_list(a.backend) or None,
-        a.device or default_device(),
+        checked_device(a.device),
         a.report,
         as_list(a.dtype) or None,
         a.reps,
@@ -412,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"harness {a.cmd}: error: {e}", file=sys.stderr)
         return 2
+    except CannotRunHere as e:
+        print(f"harness {a.cmd}: {e}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

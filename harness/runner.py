@@ -86,6 +86,14 @@ def plan(
     ops = registry.resolve_kernels(kernels)
     dev = device.split(":")[0]
     p = Plan(explicit=list(backends or []))
+    if backends:
+        # a name no selected operator knows (a typo: "trtion") is an error, not a quietly smaller run
+        known_any = {b.name for op_name in ops for b in registry.backends(op_name)}
+        unknown = [n for n in backends if n not in known_any and not n.startswith("mutant:")]
+        if unknown:
+            listing = "; ".join(f"{o}: {', '.join(sorted(b.name for b in registry.backends(o))) or '(none)'}"
+                                for o in ops)
+            raise KeyError(f"--backend {','.join(unknown)}: no selected operator has such a backend ({listing})")
     for op_name in ops:
         op = registry.get_operator(op_name)
         all_b = [b for b in registry.backends(op_name) if b.role != "speed-reference"]
@@ -436,18 +444,29 @@ def per_worker_counts(results: list[CellRecord]) -> dict[str, int]:
     return out
 
 
-def exit_code(results: list[CellRecord], explicit: list[str], device_class: str = "") -> int:
+def exit_code(results: list[CellRecord], explicit: list[str], device_class: str = "",
+              plugin_backends: list[str] | None = None) -> int:
     """1 when a cell fails the run (judged under today's rules and declarations; a marginal FAIL too);
-    3 when a backend named explicitly could not run at all here; else 0."""
+    3 when nothing ran at all, or a backend named with --backend or loaded by --plugin ran no cell (a
+    run that tested nothing never exits 0); else 0. SKIPs of in-tree backends nobody named are fine."""
     from .judgement import judge_cell
 
     if any(judge_cell(c, device_class=device_class).failing for c in results):
         return 1
-    for name in as_list(explicit):
+    return 3 if not_run(results, explicit, plugin_backends) else 0
+
+
+def not_run(results: list[CellRecord], explicit: list[str], plugin_backends: list[str] | None = None) -> list[str]:
+    """Why the run tested too little: no cell ran, or these named / plugin backends ran none."""
+    if results and all(c.status == Status.SKIP for c in results):
+        return ["no cell ran: every cell was skipped"]
+    out = []
+    for name in dict.fromkeys([*as_list(explicit), *(plugin_backends or [])]):
         mine = [c for c in results if c.backend == name]
-        if mine and all(c.status == Status.SKIP and c.skip_kind == "unavailable" for c in mine):
-            return 3
-    return 0
+        if mine and all(c.status == Status.SKIP for c in mine):
+            reasons = sorted({c.error for c in mine})
+            out.append(f"backend {name} ran no cell: " + "; ".join(reasons))
+    return out
 
 
 class CellExecutor:

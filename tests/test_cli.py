@@ -245,3 +245,33 @@ def test_resume_runs_only_the_cells_without_a_result_at_this_commit(tmp_path):
     assert f"0 of {n} cells already have a result" in other.stdout
     dirty = run("--resume", commit="abc1234+dirty")
     assert dirty.returncode == 2 and "clean" in dirty.stderr
+
+
+# -- nothing silently green (issue #25, first part) ------------------------------------------------------
+
+
+def test_an_invalid_device_is_a_usage_error():
+    r = harness("run", "--kernel", "mhc", "--device", "gpu")
+    assert r.returncode == 2 and "--device 'gpu': expected cpu, cuda" in r.stderr
+
+
+def test_cuda_without_a_gpu_is_refused_not_a_green_run_of_skips():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = harness("run", "--kernel", "mhc", "--sizes", "smoke", "--device", "cuda")
+    assert r.returncode == 3 and "no CUDA device on this machine" in r.stderr and "--device cpu" in r.stderr
+
+
+def test_a_misspelled_backend_among_several_operators_is_a_usage_error():
+    r = harness("run", "--kernel", "xent", "--backend", "torch,trtion", "--device", "cpu")
+    assert r.returncode == 2 and "--backend trtion" in r.stderr and "softmax_xent: cuda, torch" in r.stderr
+
+
+def test_a_named_backend_that_ran_no_cell_exits_3_with_the_reasons(tmp_path: Path):
+    # tilelang runs on CUDA only: named on a CPU machine, every one of its cells is a SKIP
+    r = harness("run", "--kernel", "mhc", "--sizes", "smoke", "--case", "tiny", "--backend", "golden,tilelang",
+                "--device", "cpu", "--dtype", "float32", "--report", str(tmp_path), "--no-progress")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "tested nothing here: backend tilelang ran no cell: runs on cuda only" in r.stderr
