@@ -32,7 +32,7 @@ from .oracle import (
     reference_run,
 )
 from .provenance import file_record
-from .records import CellRecord, ComponentFigures, ContractResult, Status
+from .records import PROFILE_FROM_RATIO, CellRecord, ComponentFigures, ContractResult, Status
 from .registry import Backend
 from .spec import Case, Inputs, OperatorSpec, dtype_of
 from .verdict import check_shape, measure, verdict_of
@@ -126,12 +126,6 @@ def call_microbatched(
         combined["allocations"] += r["allocations"]
     combined["naive"] = naive_microbatch(op, split, mb)
     return combined
-
-
-# Per-slice profiles are kept for components whose verdict ratio is above this: below it no rule of
-# today or of a plausible tomorrow calls them failing, and the profiles of every component of a GPU
-# sweep would make the committed reports several times larger.
-PROFILE_FROM_RATIO = 0.25
 
 
 def measure_all(op: OperatorSpec, backend: Backend, case: Case, ref: dict, got: dict) -> list[ComponentFigures]:

@@ -24,6 +24,15 @@ from .spec import Case
 SCHEMA_VERSION = 2
 # per-slice figures along one axis are kept for at most this many buckets (slices grouped evenly past it)
 MAX_BUCKETS = 64
+# Per-slice profiles are kept for components whose verdict ratio is above this: a diagnosis needs them on
+# failing components, and a component at under half its bound fails under no rule of today or of a
+# plausible tomorrow. Profiles of every component above 0.25 made the committed reports 13.3 MB, past the
+# 12 MB the GPU machine leaves beside the TileLang bundle (tests/test_repo_size.py).
+PROFILE_FROM_RATIO = 0.5
+# significant digits of what a verdict reads (float32's precision: a ratio moves by 1e-7 at most) and of
+# what only a person or a coarse rule reads (profiles, cosines, fitted scales)
+VERDICT_DIGITS = 7
+READ_DIGITS = 4
 
 
 class Status(str, Enum):
@@ -59,14 +68,11 @@ def _num(x: Any) -> float:
     return float(x) if x is not None else 0.0
 
 
-def _out(x: float, digits: int = 0) -> float | str:
-    """A float for JSON: non-finite as a string; ``digits`` significant digits where a figure is only
-    read by eye or by a coarse rule (profiles, cosines), full precision for what a verdict reads."""
+def _out(x: float, digits: int = VERDICT_DIGITS) -> float | str:
+    """A float for JSON: non-finite as a string, else rounded to ``digits`` significant digits."""
     if not math.isfinite(x):
         return str(x)
-    if digits and x != 0:
-        return float(f"{x:.{digits}g}")
-    return x
+    return float(f"{x:.{digits}g}") if x != 0 else 0.0
 
 
 @dataclass
@@ -112,7 +118,7 @@ class SliceProfile:
     def to_json(self) -> dict:
         d = asdict(self)
         for k in ("err_max", "err_rms", "floor_max", "floor_rms", "oracle_max", "scale", "scaled_rms"):
-            d[k] = [_out(float(v), 4) for v in d[k]]
+            d[k] = [_out(float(v), READ_DIGITS) for v in d[k]]
         return d
 
     @staticmethod
@@ -189,7 +195,7 @@ class ComponentFigures:
             if f.name in ("name", "slices") or v is None or v == f.default or v == [] or v is False:
                 continue
             if isinstance(v, float):
-                v = _out(v, 4 if f.name in self._ROUNDED else 0)
+                v = _out(v, READ_DIGITS if f.name in self._ROUNDED else VERDICT_DIGITS)
             d[f.name] = v
         if self.kind != "figures":
             d["kind"] = self.kind

@@ -16,7 +16,7 @@ from typing import Any
 
 from .causes import causes
 from .judgement import SHOWN, CellJudgement, counts, judge_cell
-from .records import CellRecord
+from .records import PROFILE_FROM_RATIO, CellRecord
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -67,7 +67,7 @@ class ReportWriter:
                 self.touched.append(op)
                 planned = (self.header.get("planned") or {}).get(op)
                 f.write(json.dumps({"run": {**self.header, "planned": planned}}) + "\n")
-            f.write(json.dumps(cell.to_json(), default=str) + "\n")
+            f.write(_line(cell.to_json()) + "\n")
             f.flush()
 
     def render(self) -> list[Path]:
@@ -128,9 +128,25 @@ def compact(dir_: Path, op: str) -> None:
     lines = []
     for rid, run in runs.items():
         if rid in keep:
-            lines.append(json.dumps({"run": run}))
-            lines += [json.dumps(c.to_json(), default=str) for c in cells if c.run_id == rid]
+            lines.append(_line({"run": run}))
+            lines += [_line(_stored(c).to_json()) for c in cells if c.run_id == rid]
     atomic_write(p, "\n".join(lines) + "\n")
+
+
+def _line(d: dict) -> str:
+    return json.dumps(d, default=str, separators=(",", ":"))
+
+
+def _stored(c: CellRecord) -> CellRecord:
+    """What the committed store keeps of a record: per-slice profiles only where a verdict is near
+    (records.PROFILE_FROM_RATIO; records from before that rule kept more)."""
+    from .verdict import verdict_of
+
+    for f in c.components:
+        if f.slices and f.kind == "figures" and not verdict_of(f).failed and \
+                verdict_of(f).worst_ratio <= PROFILE_FROM_RATIO:
+            f.slices = []
+    return c
 
 
 def recorded(dir_: Path, operators: list[str], fields: tuple[str, ...]) -> dict[str, dict[tuple[str, str], float]]:
