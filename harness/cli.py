@@ -56,7 +56,7 @@ def _load_plugins(plugins: list[str]) -> None:
     for p in plugins:
         try:
             registry.load_plugin(p)
-        except (FileNotFoundError, ValueError) as e:
+        except (FileNotFoundError, ValueError) as e:  # PluginError, RegistrationError included
             raise UsageError(str(e)) from e
 
 

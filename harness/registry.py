@@ -66,6 +66,8 @@ class Backend:
     expected_gaps: Any = ()
     # contracts broken by design (declarations.ContractException); they excuse no numeric failure
     contract_exceptions: tuple[ContractException, ...] = ()
+    # True: this registration takes over a backend of the same operator and name (else that is an error)
+    replaces: bool = False
     _resolved: Any = field(default=None, repr=False)
     _gaps: tuple[Gap, ...] | None = field(default=None, repr=False)
 
@@ -170,9 +172,16 @@ def register_backend(backend: Backend | None = None, /, **kwargs: Any) -> Any:
         if _capture is not None:
             _capture.append(b)
             return b
+        if _discovered and b.operator not in _OPERATORS:
+            raise RegistrationError(f"backend {b.key}: no operator {b.operator!r} is registered; operators: "
+                                    f"{', '.join(sorted(_OPERATORS))} (register_operator(...) it first)")
         table = _BACKENDS.setdefault(b.operator, {})
-        if b.name in table and table[b.name].origin != b.origin:
-            log.warning("backend %s registered again by %s (was %s)", b.key, b.origin, table[b.name].origin)
+        if b.name in table:
+            old = table[b.name]
+            if not b.replaces:
+                raise RegistrationError(f"backend {b.key} is already registered ({old.origin}): give yours another "
+                                        "name, or register it with replaces=True to run it instead")
+            log.warning("backend %s (%s) replaces the one registered by %s", b.key, _loading or b.origin, old.origin)
         table[b.name] = b
         return b
 
@@ -189,6 +198,18 @@ def register_backend(backend: Backend | None = None, /, **kwargs: Any) -> Any:
         return fn
 
     return deco
+
+
+class RegistrationError(ValueError):
+    """A registration that would make a run ambiguous or test nothing: an unknown operator, a name taken."""
+
+
+class PluginError(ValueError):
+    """A plugin that cannot be loaded, with the file and line to look at."""
+
+
+# the plugin being loaded (so that a replacement names where it came from)
+_loading: str | None = None
 
 
 def _check_declarations(b: Backend) -> None:
@@ -262,31 +283,66 @@ def discover() -> None:
 
 
 def load_plugin(spec: str) -> list[Backend]:
-    """Load ``path/to/adapter.py`` or ``package.module``; returns the backends it registered."""
+    """Load ``path/to/adapter.py`` or ``package.module`` once; returns the backends it registered.
+
+    A file's own folder is importable from it (an adapter importing its kernel module beside it). Any
+    error while loading becomes a PluginError naming the file and line (a usage error, not a traceback)."""
+    global _loading
+    if spec in _plugins_loaded:
+        return []
+    discover()  # in-tree operators first: a plugin registers against them (or adds its own)
     before = {(b.operator, b.name, id(b)) for t in _BACKENDS.values() for b in t.values()}
-    p = Path(spec)
-    if spec.endswith(".py") or p.exists():
-        if not p.exists():
-            raise FileNotFoundError(f"--plugin {spec!r}: no such file")
-        name = "harness_plugin_" + p.stem + "_" + str(abs(hash(str(p.resolve()))) % 10**8)
-        mspec = importlib.util.spec_from_file_location(name, p)
-        assert mspec is not None and mspec.loader is not None
-        mod = importlib.util.module_from_spec(mspec)
-        sys.modules[name] = mod
-        mspec.loader.exec_module(mod)
-        origin = f"plugin:{spec}"
-    else:
-        try:
-            importlib.import_module(spec)
-        except ImportError as e:
-            raise ValueError(f"--plugin {spec!r}: not a file and not an importable module ({e})") from e
-        origin = f"plugin:{spec}"
+    origin = f"plugin:{spec}"
+    _loading = origin
+    try:
+        _exec_plugin(spec)
+    finally:
+        _loading = None
     new = [b for t in _BACKENDS.values() for b in t.values() if (b.operator, b.name, id(b)) not in before]
     for b in new:
         b.origin = origin
-    if spec not in _plugins_loaded:
-        _plugins_loaded.append(spec)
+    _plugins_loaded.append(spec)
     return new
+
+
+def _exec_plugin(spec: str) -> None:
+    p = Path(spec)
+    if not (spec.endswith(".py") or p.exists()):
+        try:
+            importlib.import_module(spec)
+        except ImportError as e:
+            raise PluginError(f"--plugin {spec!r}: not a file and not an importable module ({e})") from e
+        except Exception as e:  # noqa: BLE001 - the module's own error, named
+            raise PluginError(f"--plugin {spec}: {_where(e, None)}{type(e).__name__}: {e}") from e
+        return
+    if not p.exists():
+        raise FileNotFoundError(f"--plugin {spec!r}: no such file")
+    name = "harness_plugin_" + p.stem + "_" + str(abs(hash(str(p.resolve()))) % 10**8)
+    folder = str(p.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # the adapter's own modules, beside it
+    mspec = importlib.util.spec_from_file_location(name, p)
+    assert mspec is not None and mspec.loader is not None
+    mod = importlib.util.module_from_spec(mspec)
+    sys.modules[name] = mod
+    try:
+        mspec.loader.exec_module(mod)
+    except SyntaxError as e:
+        sys.modules.pop(name, None)
+        raise PluginError(f"--plugin {spec}: {e.filename}:{e.lineno}: SyntaxError: {e.msg}") from e
+    except Exception as e:  # noqa: BLE001 - an import or registration error inside the plugin, named
+        sys.modules.pop(name, None)
+        raise PluginError(f"--plugin {spec}: {_where(e, str(p.resolve()))}{type(e).__name__}: {e}") from e
+
+
+def _where(e: BaseException, file: str | None) -> str:
+    """'path:line: ' of the deepest frame in the plugin's file (or the last frame outside the harness)."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    mine = [f for f in frames if file is not None and f.filename == file]
+    mine = mine or [f for f in frames if "/harness/" not in f.filename and "importlib" not in f.filename]
+    return f"{mine[-1].filename}:{mine[-1].lineno}: " if mine else ""
 
 
 def plugins_loaded() -> list[str]:
