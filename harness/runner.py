@@ -290,14 +290,14 @@ def run(
                     msg = None
                 if msg is None:
                     t = w.task
-                    code = w.proc.exitcode if not w.proc.is_alive() else None
+                    how = exit_status(w.proc)
                     w.kill()
                     if t is not None:
-                        finish(w, t.failed("CRASH", f"worker process died (exit code {code}) while running this cell"))
+                        finish(w, t.failed("CRASH", f"worker process died ({how}) while running this cell"))
                     elif not w.ready:
                         # a worker that cannot even start: fail its group instead of looping forever
                         for t2 in w.group:
-                            finish(w, t2.failed("ERROR", f"worker failed to start (exit code {code})"))
+                            finish(w, t2.failed("ERROR", f"worker failed to start ({how})"))
                         w.group = []
                         packer.release(w.gpu, w.need)
                         w.need = 0.0
@@ -336,6 +336,23 @@ def run(
                        peaks=peaks)
         stats["alone_cells"], stats["alone_s"] = len(retry), time.time() - t_alone
     return results
+
+
+def exit_status(proc: Any, wait_s: float = 5.0) -> str:
+    """How a worker process ended: 'exit code 3' or 'killed by signal SIGSEGV'. Its pipe closes a moment
+    before the process is reaped, so it is waited for first (else the exit code reads None)."""
+    import signal
+
+    proc.join(wait_s)
+    code = proc.exitcode
+    if code is None:
+        return "still running when its pipe closed"
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 def order_groups(todo: list[Task], durations: dict[tuple[str, str], float]) -> list[list[Task]]:
@@ -500,10 +517,10 @@ class CellExecutor:
         try:
             cell = CellRecord.from_json(w.conn.recv())
         except (EOFError, OSError):
-            code = w.proc.exitcode
+            how = exit_status(w.proc)
             w.kill()
             self.w = None
-            return t.failed("CRASH", f"worker process died (exit code {code}) while running this cell")
+            return t.failed("CRASH", f"worker process died ({how}) while running this cell")
         if cell.status == Status.CRASH:
             w.kill()
             self.w = None

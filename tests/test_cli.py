@@ -89,7 +89,7 @@ def test_wrong_adapter_fails_exactly_its_components(tmp_path: Path):
 
 
 def test_misbehaving_backends_become_cells_and_the_sweep_completes(tmp_path: Path):
-    names = "golden,raises,nans,writes-input,sleeps,dies,unwritten,overruns,nondeterministic"
+    names = "golden,raises,nans,writes-input,sleeps,dies,segfaults,unwritten,overruns,nondeterministic"
     r = harness(
         "run",
         "--kernel",
@@ -118,7 +118,8 @@ def test_misbehaving_backends_become_cells_and_the_sweep_completes(tmp_path: Pat
     assert by["golden"]["status"] == "PASS"
     assert by["raises"]["status"] == "ERROR" and "invalid configuration" in by["raises"]["error"]
     assert by["sleeps"]["status"] == "TIMEOUT"
-    assert by["dies"]["status"] == "CRASH"
+    assert by["dies"]["status"] == "CRASH" and "(exit code 7)" in by["dies"]["error"]
+    assert by["segfaults"]["status"] == "CRASH" and "killed by signal SIGSEGV" in by["segfaults"]["error"]
     assert by["nans"]["status"] == "FAIL" and verdicts(by["nans"])["dphi.pre"] == "FAIL"
 
     def contract(b: str, name: str) -> dict:

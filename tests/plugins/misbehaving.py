@@ -34,6 +34,12 @@ def _dies(**kw):
     os._exit(7)                         # a segfault-like death of the process
 
 
+def _segfaults(**kw):
+    import ctypes
+
+    ctypes.string_at(0)                 # a real SIGSEGV
+
+
 def _unwritten(saved, grad_outputs):
     g = backward(saved, grad_outputs)
     out = torch.empty_like(g["phi"])     # poisoned by the harness
@@ -62,7 +68,8 @@ def _nondeterministic(saved, grad_outputs):
 
 
 for name, impl, bwd in [("raises", _raises, None), ("nans", forward, _nans), ("writes-input", _writes_input, backward),
-                        ("sleeps", _sleeps, None), ("dies", _dies, None), ("unwritten", forward, _unwritten),
+                        ("sleeps", _sleeps, None), ("dies", _dies, None), ("segfaults", _segfaults, None),
+                        ("unwritten", forward, _unwritten),
                         ("overruns", forward, _overruns), ("nondeterministic", forward, _nondeterministic)]:
     register_backend(Backend(operator="mhc_pre", name=name, impl=impl, backward=bwd, devices=("cpu", "cuda"),
                              sources=(__file__,)))
