@@ -332,6 +332,7 @@ def cmd_report(a: argparse.Namespace) -> int:
 def cmd_mutants(a: argparse.Namespace) -> int:
     from .mutants import run_zoo
 
+    _load_plugins(a.plugin)  # a plugin's mutants (and backends) join the zoo
     return run_zoo(
         as_list(a.kernel) or ["all"],
         checked_device(a.device),
@@ -361,7 +362,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
 def cmd_repro(a: argparse.Namespace) -> int:
     from .repro import replay
 
-    return replay(a.bundle, a.device)
+    _load_plugins(a.plugin)
+    return replay(a.bundle, a.device, a.timeout)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -430,6 +432,8 @@ def parser() -> argparse.ArgumentParser:
     rr = sub.add_parser("repro", help="replay a saved failure bundle")
     rr.add_argument("bundle")
     rr.add_argument("--device", default=None)
+    rr.add_argument("--timeout", type=float, default=300.0, help="seconds before the replayed cell is a TIMEOUT")
+    rr.add_argument("--plugin", action="append", default=[], help="adapter file or module (repeatable)")
     rr.set_defaults(fn=cmd_repro)
     return p
 

@@ -69,7 +69,8 @@ def save_bundle(cell: CellRecord, root: str | Path, plugins: list[str]) -> Path:
         "case": case.to_json(),
         "seed": cell.seed,
         "device": cell.device,
-        "plugins": plugins,
+        # absolute, so that the bundle replays from any folder (a plugin given as a module name stays one)
+        "plugins": [str(Path(x).resolve()) if x.endswith(".py") or Path(x).exists() else x for x in plugins],
         "status": cell.status.value,
         "failing": [c.name for c in judge_cell(cell).failed_components],
         "inputs_sha256": digest,
@@ -81,7 +82,7 @@ def save_bundle(cell: CellRecord, root: str | Path, plugins: list[str]) -> Path:
     return d
 
 
-def replay(path: str, device: str | None = None) -> int:
+def replay(path: str, device: str | None = None, timeout: float = 300.0) -> int:
     from . import runner
     from .oracle import gen_inputs
     from .pytest_plugin import format_failure
@@ -98,7 +99,8 @@ def replay(path: str, device: str | None = None) -> int:
             "warning: inputs regenerated from the seed differ from the saved ones (the generator changed); "
             "replaying the regenerated inputs"
         )
-    ex = runner.CellExecutor(dev, b.get("plugins", []))
+    # a TIMEOUT bundle replays its hang: the cell is stopped after ``timeout`` seconds, as in the run
+    ex = runner.CellExecutor(dev, b.get("plugins", []), timeout=timeout)
     try:
         p = runner.plan(
             [b["operator"]], "smoke", [b["backend"]], [b["dtype"]], dev, b["seed"], cases={b["operator"]: [case]}
@@ -106,6 +108,10 @@ def replay(path: str, device: str | None = None) -> int:
         cell = ex.run(p.tasks[0])
     finally:
         ex.close()
+    if cell.status.value == "TIMEOUT":
+        print(f"{b['operator']}/{b['backend']}/{b['dtype']}/{case.name}: TIMEOUT again ({cell.error}; "
+              f"--timeout sets the limit)")
+        return 1
     ok = cell.status.value == "PASS"
     print(format_failure(cell) if not ok
           else f"{b['operator']}/{b['backend']}/{b['dtype']}/{case.name}: PASS now (was {b['status']})")

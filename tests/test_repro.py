@@ -91,3 +91,30 @@ def test_failing_cell_carries_its_input_digest_and_the_bundle_does_not_regenerat
     big.inputs_sha256, big.inputs_bytes = "abc123", MAX_SAVED_BYTES + 1
     b = json.loads((save_bundle(big, tmp_path, []) / "bundle.json").read_text())
     assert b["inputs_sha256"] == "abc123" and b["inputs_saved"] is False
+
+
+def test_a_timeout_bundle_replays_with_a_timeout_from_any_folder(tmp_path: Path):
+    root = Path(__file__).resolve().parent.parent
+    report = tmp_path / "reports"
+    run = subprocess.run([sys.executable, "-m", "harness", "run", "--kernel", "mhc", "--sizes", "smoke", "--case",
+                          "tiny", "--backend", "sleeps", "--plugin", "tests/plugins/misbehaving.py", "--device", "cpu",
+                          "--dtype", "float32", "--timeout", "10", "--report", str(report), "--no-progress"],
+                         cwd=root, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1, run.stdout + run.stderr
+    (bundle,) = (report / "repro").iterdir()
+    plugins = json.loads((bundle / "bundle.json").read_text())["plugins"]
+    assert plugins == [str(root / "tests" / "plugins" / "misbehaving.py")]  # absolute: replays anywhere
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = subprocess.run([sys.executable, "-m", "harness", "repro", str(bundle), "--timeout", "5"], cwd=elsewhere,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "TIMEOUT again" in r.stdout, r.stdout + r.stderr
+
+
+def test_mutants_of_a_plugin_join_the_zoo(tmp_path: Path):
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-m", "harness", "mutants", "--plugin", "tests/diagnosis/fresh_mutants.py",
+                        "--only", "fresh-lazy-dv-scaled", "--device", "cpu", "--report", str(tmp_path),
+                        "--no-progress"], cwd=root, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "fresh-lazy-dv-scaled" in r.stdout and "1/1 caught" in r.stdout
