@@ -19,6 +19,7 @@ import torch
 from . import localize as loc
 from .alloc import PoisonedAllocations
 from .oracle import (
+    OutputMismatch,
     as_dict,
     clear_cache,
     combine,
@@ -230,7 +231,10 @@ def run_cell(
         return call_backend(op, backend, inp, g, device)
 
     t1 = time.time()
-    got = once()
+    try:
+        got = once()
+    except OutputMismatch as e:
+        return _output_mismatch(op, cell, e)
     cell.backend_s = round(time.time() - t1, 4)
     impl = got.pop("impl")
     try:
@@ -266,6 +270,16 @@ def run_cell(
         cell.status = Status.SHAPE
     cell.reference_s = round(t_ref, 4)
     cell.duration_s = round(time.time() - t0, 4)
+    return cell
+
+
+def _output_mismatch(op: OperatorSpec, cell: CellRecord, e: OutputMismatch) -> CellRecord:
+    """SHAPE: an output missing or misshapen (checked before autograd sees it); its gradients are not
+    judged, since no upstream gradient could be applied."""
+    cell.components = [ComponentFigures(c.name, kind="shape", expected=e.expected, got=e.got)
+                       for c in op.components if c.source == "out:" + e.name]
+    cell.status = Status.SHAPE
+    cell.notes.append(f"{e}: gradients not judged")
     return cell
 
 

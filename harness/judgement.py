@@ -122,7 +122,7 @@ def judge_cell(rec: CellRecord, rules: Rules | None = None, device_class: str = 
     comps = [ComponentJudgement(f, verdict_of(f, rules.k_max, rules.k_rms)) for f in rec.components]
     contracts = [(c, _excepted(c, rec.dtype, rules)) for c in rec.contracts]
     broken = [c for c, x in contracts if not c.ok and x is None]
-    j = CellJudgement(rec, "PASS", comps, contracts)
+    j = CellJudgement(rec, "PASS", comps, contracts, notes=list(rec.notes))
     if not rules.known:
         j.notes.append("operator or backend not registered here: default bounds, no declarations "
                        "(load its plugin with --plugin)")

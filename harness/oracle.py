@@ -161,6 +161,7 @@ def evaluate(
     outs = as_dict(op, fn(**tensors, **options))
     if grad_outputs is None:
         return outs, {}
+    _check_outputs(outs, grad_outputs)
     pairs = [(outs[n], grad_outputs[n]) for n in op.graded_outputs if n in outs and n in grad_outputs]
     pairs = [(o, g) for o, g in pairs if isinstance(o, Tensor) and o.requires_grad]
     names = list(leaves)
@@ -170,6 +171,25 @@ def evaluate(
         [o for o, _ in pairs], [leaves[n] for n in names], [g.to(o.dtype) for o, g in pairs], allow_unused=True
     )
     return outs, dict(zip(names, grads, strict=True))
+
+
+class OutputMismatch(Exception):
+    """A backend's output is missing, or shaped unlike the oracle's, so its upstream gradient cannot be
+    applied: the cell is SHAPE (expected vs got), not an error inside autograd."""
+
+    def __init__(self, name: str, expected: str, got: str):
+        super().__init__(f"output {name!r}: expected {expected}, got {got}")
+        self.name, self.expected, self.got = name, expected, got
+
+
+def _check_outputs(outs: dict[str, Any], grad_outputs: dict[str, Tensor]) -> None:
+    for n, g in grad_outputs.items():
+        o = outs.get(n)
+        want = f"{list(g.shape)}"
+        if o is None:
+            raise OutputMismatch(n, want, f"no output {n!r} (returned: {', '.join(outs) or 'nothing'})")
+        if isinstance(o, Tensor) and tuple(o.shape) != tuple(g.shape):
+            raise OutputMismatch(n, want, f"{list(o.shape)}")
 
 
 def reference_run(

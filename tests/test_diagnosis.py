@@ -194,3 +194,23 @@ def test_a_cell_of_the_old_format_is_rejudged_and_needs_a_rerun_for_hints():
     assert [h.cls for h in c.hints] == ["needs-rerun"]
     again = CellRecord.from_json(rec.to_json())  # written back by `harness report`: the same verdict
     assert judge_cell(again, Rules()).failed_components[0].verdict.ratio_max == c.verdict.ratio_max
+
+
+def _xent_outputs(rename: bool = False, reshape: bool = False):
+    from references.softmax_xent import softmax_xent
+
+    def impl(logits, targets, **options):
+        loss = softmax_xent(logits, targets, **options)["loss"]
+        return {"los" if rename else "loss": loss.reshape(1, *loss.shape) if reshape else loss}
+
+    return impl
+
+
+def test_a_misshapen_or_missing_output_is_shape_with_expected_and_got():
+    j = _run("softmax_xent", _xent_outputs(reshape=True), _xent_case("reshaped"))
+    (c,) = j.failed_components
+    assert j.shown == "SHAPE" and c.name == "loss" and c.reason == "expected [], got [1]"
+    assert "gradients not judged" in " ".join(j.notes)
+    j = _run("softmax_xent", _xent_outputs(rename=True), _xent_case("renamed"))
+    (c,) = j.failed_components
+    assert j.shown == "SHAPE" and "no output 'loss' (returned: los)" in c.reason
