@@ -52,6 +52,38 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance: a harness cell (operator x backend x dtype x case)")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Which named backends' items ran: a session whose named backend ran none fails (pytest_sessionfinish)."""
+    outcome = yield
+    rep = outcome.get_result()
+    t = getattr(getattr(item, "callspec", None), "params", {}).get("harness_cell")
+    if t is not None and rep.when in ("setup", "call"):
+        ran = _STATE.setdefault("ran", {}).setdefault(t.backend, [0, set()])
+        if rep.skipped:
+            why = str(rep.longrepr[-1]) if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+            ran[1].add(why.removeprefix("Skipped: "))
+        elif rep.when == "call":
+            ran[0] += 1
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A named backend (--backend) that ran no item makes the session fail, with the reasons: a CI job that
+    tested nothing must not go green."""
+    named = as_list(session.config.getoption("--backend"))
+    ran = _STATE.get("ran", {})
+    idle = [(b, ran[b][1]) for b in named if b in ran and ran[b][0] == 0]
+    if not idle or exitstatus not in (0, pytest.ExitCode.OK):
+        return
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    for b, why in idle:
+        msg = f"harness: backend {b} ran no item: {'; '.join(sorted(why)) or 'every item was skipped'}"
+        if tr is not None:
+            tr.ensure_newline()
+            tr.write_line(msg, red=True)
+    session.exitstatus = 3
+
+
 def _device(config: pytest.Config) -> str:
     d = config.getoption("--harness-device")
     if d:

@@ -276,3 +276,14 @@ def test_a_named_backend_that_ran_no_cell_exits_3_with_the_reasons(tmp_path: Pat
                 "--device", "cpu", "--dtype", "float32", "--report", str(tmp_path), "--no-progress")
     assert r.returncode == 3, r.stdout + r.stderr
     assert "tested nothing here: backend tilelang ran no cell: runs on cuda only" in r.stderr
+
+
+def test_a_pytest_session_whose_named_backend_ran_no_item_fails_with_the_reasons():
+    base = [sys.executable, "-m", "pytest", "-q", "tests/test_conformance.py", "--kernel", "mhc", "--sizes", "smoke",
+            "--harness-device", "cpu", "-p", "no:cacheprovider"]
+    r = subprocess.run(base + ["--backend", "tilelang"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 3, r.stdout[-3000:]
+    assert "backend tilelang ran no item: tilelang: runs on cuda only" in r.stdout
+    r = subprocess.run(base + ["--backend", "golden", "--harness-dtype", "float32"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
