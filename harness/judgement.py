@@ -17,7 +17,7 @@ from functools import lru_cache
 
 from .declarations import ContractException, Gap
 from .diagnose import Hint, hints_for, where
-from .records import CellRecord, ComponentFigures, ContractResult, Status
+from .records import CellRecord, ComponentFigures, ContractResult
 from .verdict import K_MAX, K_RMS, Verdict, verdict_of
 
 MARGINAL = 2.0
@@ -110,11 +110,6 @@ def _rules(operator: str, backend: str, device_class: str) -> Rules:
                  device_class=device_class, known=op is not None and (b is not None or base is not None))
 
 
-def forget_rules() -> None:
-    """Drop cached rules (after a plugin registered more backends)."""
-    _rules.cache_clear()
-
-
 def judge_cell(rec: CellRecord, rules: Rules | None = None, device_class: str = "") -> CellJudgement:
     rules = rules or rules_for(rec.operator, rec.backend, device_class)
     if not rec.status.ran:
@@ -187,15 +182,6 @@ def _severity(failed: list[ComponentJudgement], broken: list[ContractResult]) ->
     return "marginal"
 
 
-def judge_all(records: list[CellRecord], device_class: str = "") -> list[CellJudgement]:
-    return [judge_cell(r, device_class=device_class) for r in records]
-
-
-def exit_code(judged: list[CellJudgement]) -> int:
-    """1 when any cell fails the run (a marginal FAIL too), else 0."""
-    return 1 if any(j.failing for j in judged) else 0
-
-
 def counts(judged: list[CellJudgement]) -> dict[tuple[str, str], dict[str, int]]:
     """(backend, dtype) -> shown status -> cells; FAIL counted apart as "FAIL marginal"."""
     out: dict[tuple[str, str], dict[str, int]] = {}
@@ -205,7 +191,3 @@ def counts(judged: list[CellJudgement]) -> dict[tuple[str, str], dict[str, int]]
         if j.severity == "marginal":
             row["marginal"] += 1
     return dict(sorted(out.items()))
-
-
-def status_of(j: CellJudgement) -> Status:
-    return Status(j.shown) if j.shown != "XFAIL" else j.record.status

@@ -82,9 +82,6 @@ class Backend:
             self._gaps = gaps_from(self.expected_gaps, self.key)
         return self._gaps
 
-    def contract_exception(self, contract: str, dtype: str) -> ContractException | None:
-        return next((x for x in self.contract_exceptions if x.applies(contract, dtype)), None)
-
     def _load(self, ref: Callable | str) -> Callable:
         if callable(ref):
             return ref
