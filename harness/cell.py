@@ -148,7 +148,7 @@ def measure_all(op: OperatorSpec, backend: Backend, case: Case, ref: dict, got: 
             continue
         kv, ov = comp.select(k, case.params), comp.select(o, case.params)
         rv = floor_samples(ref, comp, case.params)
-        fig, e = measure(comp.name, kv, ov, rv, contract, extra.get(comp.name))
+        fig, e = measure(comp.name, kv, ov, rv, contract, extra.get(comp.name), op.k_max, op.k_rms)
         fig.poisoned = comp.source in got.get("poisoned", ())
         v = verdict_of(fig, op.k_max, op.k_rms)
         if e is not None and (v.failed or v.worst_ratio > PROFILE_FROM_RATIO):
@@ -297,6 +297,13 @@ def _contracts(op: OperatorSpec, backend: Backend, case: Case, got: dict, fresh:
     return out
 
 
+def _rel_rms(v: Tensor, o: Tensor) -> float | None:
+    """rms(v - o) / rms(o), or None where the oracle is all zero or empty."""
+    d, o = v.double() - o.double(), o.double()
+    denom = float(o.pow(2).mean().sqrt()) if o.numel() else 0.0
+    return float(d.pow(2).mean().sqrt()) / denom if denom > 0 else None
+
+
 def _naive_per_component(op: OperatorSpec, case: Case, ref: dict, naive: dict[str, Tensor],
                          rows: list[ComponentFigures]) -> None:
     """Per gradient component, the relative rms error the classic microbatch mistake (each microbatch
@@ -306,10 +313,9 @@ def _naive_per_component(op: OperatorSpec, case: Case, ref: dict, naive: dict[st
         v, o = naive.get(comp.tensor_name), ref["o_grad"].get(comp.tensor_name)
         if comp.kind != "grad" or v is None or o is None or fig.kind != "figures":
             continue
-        d = comp.select(v, case.params).double() - comp.select(o, case.params).double()
-        denom = float(comp.select(o, case.params).double().pow(2).mean().sqrt())
-        if denom > 0 and d.numel():
-            fig.naive_rel_rms = float(d.pow(2).mean().sqrt()) / denom
+        rel = _rel_rms(comp.select(v, case.params), comp.select(o, case.params))
+        if rel is not None:
+            fig.naive_rel_rms = rel
 
 
 def _naive_report(op: OperatorSpec, case: Case, ref: dict, naive: dict[str, Tensor]) -> dict[str, Any]:
@@ -319,8 +325,7 @@ def _naive_report(op: OperatorSpec, case: Case, ref: dict, naive: dict[str, Tens
         if o is None:
             continue
         d = (v - o).double()
-        denom = o.double().pow(2).mean().sqrt().item()
-        rel = d.pow(2).mean().sqrt().item() / denom if denom > 0 else 0.0
+        rel = _rel_rms(v, o) or 0.0
         out[n] = {
             "max_err": float(d.abs().max()) if d.numel() else 0.0,
             "rel_rms": rel if math.isfinite(rel) else str(rel),

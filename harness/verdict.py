@@ -91,6 +91,8 @@ def measure(
     r: Tensor | list[Tensor | FloorSummary],
     dtype: torch.dtype,
     extra_bound: Tensor | None = None,
+    k_max: float = K_MAX,
+    k_rms: float = K_RMS,
 ) -> tuple[ComponentFigures, Tensor | None]:
     """The figures of one component and the elementwise excess error e (inf where non-finite positions
     differ; None when the component is empty).
@@ -141,7 +143,7 @@ def measure(
     fig.floor_all_zero = bool(samples) and bool(torch.equal(samples[0][fin], oo.abs()))
     fig.extra_bound_max = _f(eb.max()) if eb is not None and eb.numel() else 0.0
     oo2 = _f((oo * oo).sum())
-    tol_max, tol_rms = bounds(fig)
+    tol_max, tol_rms = bounds(fig, k_max, k_rms)  # the operator's bounds, as the per-slice profiles' gate
     if oo2 > 0 and (fig.max_excess > PROFILE_FROM_RATIO * tol_max or fig.rms_excess > PROFILE_FROM_RATIO * tol_rms):
         # k ~ a*o by least squares: what is left after the best uniform scale (a scale or normalizer bug).
         # Only near a failure (as the per-slice profiles): one more float64 copy of a [128256, 4096] dweight
@@ -229,5 +231,5 @@ def judge(
     k_rms: float = K_RMS,
 ) -> tuple[Verdict, Tensor | None]:
     """measure() then verdict_of(): the verdict of one component and its excess error e."""
-    fig, e = measure(name, k, o, r, dtype, extra_bound)
+    fig, e = measure(name, k, o, r, dtype, extra_bound, k_max, k_rms)
     return verdict_of(fig, k_max, k_rms), e
