@@ -10,9 +10,7 @@ options of cases/softmax_xent.py plus ``softcap`` and ``return_lse``; ``layout_h
 from __future__ import annotations
 
 import torch
-from hypothesis import strategies as st
-
-from cases.softmax_xent import (
+from harness.cases.softmax_xent import (
     CONFIDENT_MARGIN,
     loss_options,
     make_targets,
@@ -22,9 +20,11 @@ from cases.softmax_xent import (
     split_tokens,
     token_weights,
 )
+from harness.references.fused_linear_xent import fused_linear_xent
+from hypothesis import strategies as st
+
 from harness import Axis, Case, Component, Inputs, MicrobatchSpec, OperatorSpec, PerfTarget, register_operator
 from harness.inputs import place, randn
-from references.fused_linear_xent import fused_linear_xent
 
 
 def make_inputs(case: Case, dtype: torch.dtype, gen: torch.Generator, device: str) -> Inputs:

@@ -5,7 +5,8 @@ Edits apply to a temporary copy of backends/triton/fused_linear_xent/.
 
 from __future__ import annotations
 
-from cases.fused_linear_xent import C
+from harness.cases.fused_linear_xent import C
+
 from harness import Expectation, Mutant, register_mutant
 
 SEED = "fused-xent-microbatch-debug.md"

@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 
 import torch
+from harness.references.lazy_attention import lazy_attention, lazy_attention_parts
 from hypothesis import strategies as st
 
 from harness import Axis, Case, Component, Inputs, OperatorSpec, PerfTarget, register_operator
 from harness.inputs import place, randn, uniform
-from references.lazy_attention import lazy_attention, lazy_attention_parts
 
 Tensor = torch.Tensor
 QKV_T = "perm:0,2,1,3"          # [B,H,L,Dh] views of a [B,L,H,Dh] buffer: head stride = Dh

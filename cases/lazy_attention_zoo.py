@@ -7,7 +7,8 @@ the dO head-stride bug only when q and dO have different strides: q/k/v are tran
 
 from __future__ import annotations
 
-from cases.lazy_attention import QKV_T, C
+from harness.cases.lazy_attention import QKV_T, C
+
 from harness import Expectation, register_mutant
 from harness.spec import Mutant
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
+from harness.references.mhc_pre import mhc_pre
 from hypothesis import strategies as st
 
 from harness import Axis, Case, Component, Inputs, OperatorSpec, PerfTarget, register_operator
 from harness.inputs import place, randn, uniform
-from references.mhc_pre import mhc_pre
 
 OPTIONS = {"norm_eps": 1e-6, "hc_eps": 1e-6, "post_mult": 2.0}
 

@@ -7,7 +7,8 @@ flattened nD blocks, so "all but the last block" reads the same in both.
 
 from __future__ import annotations
 
-from cases.mhc_pre import C
+from harness.cases.mhc_pre import C
+
 from harness import Expectation, register_mutant
 from harness.spec import Mutant
 

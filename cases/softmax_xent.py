@@ -10,11 +10,11 @@ those dtypes (the 64-bit-offset case is bf16 only).
 from __future__ import annotations
 
 import torch
+from harness.references.softmax_xent import softmax_xent
 from hypothesis import strategies as st
 
 from harness import Axis, Case, Component, Inputs, MicrobatchSpec, OperatorSpec, PerfTarget, register_operator
 from harness.inputs import place, randn
-from references.softmax_xent import softmax_xent
 
 CONFIDENT_MARGIN = 30.0
 EXTREME = 1e4

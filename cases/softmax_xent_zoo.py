@@ -5,7 +5,8 @@ Edits apply to backends/cuda/softmax_xent/ (a temporary copy; the mutated .cu ge
 
 from __future__ import annotations
 
-from cases.softmax_xent import C
+from harness.cases.softmax_xent import C
+
 from harness import Expectation, Mutant, register_mutant
 
 SEED = "cuda-softmax-xent-kahan-fix.md"

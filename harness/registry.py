@@ -1,7 +1,8 @@
 """Operators and backends: registration, discovery and availability.
 
 In-tree operators live in ``cases/<operator>.py`` and register an :class:`OperatorSpec`; in-tree
-backends live under ``backends/<implementation>/`` and register on import. External kernels plug
+backends live under ``backends/<implementation>/`` and register on import. Both folders are imported as
+``harness.cases`` and ``harness.backends`` (see harness/__init__.py). External kernels plug
 in through the ``harness.backends`` entry-point group or ``--plugin path/to/adapter.py`` /
 ``--plugin package.module``.
 """
@@ -238,10 +239,10 @@ def _import_tree(package: str) -> None:
         log.error("cannot import %s: %s", package, e)
         return
     for info in pkgutil.walk_packages(pkg.__path__, prefix=package + "."):
-        parts = info.name.split(".")
+        parts = info.name.split(".")[1:]  # under the harness namespace
         if parts[-1].startswith("_"):
             continue
-        if package == "cases":
+        if parts[0] == "cases":
             wanted = len(parts) == 2 and not info.ispkg
         else:
             # backends/<impl>/<op>.py, or backends/<impl>/<op>/adapter.py; kernels and wrappers
@@ -261,10 +262,8 @@ def discover() -> None:
     if _discovered:
         return
     _discovered = True
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    _import_tree("cases")
-    _import_tree("backends")
+    _import_tree("harness.cases")
+    _import_tree("harness.backends")
     try:
         from importlib.metadata import entry_points
 

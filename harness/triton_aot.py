@@ -85,11 +85,12 @@ def code_fingerprint(kernel: object) -> dict:
 
 def discover_targets() -> list[tuple[str, dict]]:
     """(backend package, target) for every ``backends/<impl>/<operator>/aot.py`` of the repository."""
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
+    import harness.backends
+
+    root = Path(next(iter(harness.backends.__path__)))
     out: list[tuple[str, dict]] = []
-    for path in sorted(REPO_ROOT.glob("backends/*/*/aot.py")):
-        package = ".".join(path.relative_to(REPO_ROOT).parent.parts)
+    for path in sorted(root.glob("*/*/aot.py")):
+        package = "harness.backends." + ".".join(path.relative_to(root).parent.parts)
         mod = importlib.import_module(package + ".aot")
         out += [(package, t) for t in mod.aot_targets()]
     return out

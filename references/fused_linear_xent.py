@@ -8,8 +8,7 @@ for the oracle, float32 for the floor reference); being a reference, memory is n
 from __future__ import annotations
 
 import torch
-
-from references.softmax_xent import xent_from_logits
+from harness.references.softmax_xent import xent_from_logits
 
 Tensor = torch.Tensor
 

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.skipif(cuda_build.nvcc_path() is None, reason="nvcc is 
 
 def _xent_sources():
     # the list the loader compiles, not a copy of it
-    from backends.cuda.softmax_xent import loader
+    from harness.backends.cuda.softmax_xent import loader
     return loader.CU_SOURCES
 
 

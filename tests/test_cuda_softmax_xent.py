@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from harness.references.softmax_xent import softmax_xent
 
 from harness.verdict import judge
-from references.softmax_xent import softmax_xent
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                   reason="needs a CUDA device (raw CUDA backend)")]
@@ -21,7 +21,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def _impl():
-    from backends.cuda.softmax_xent.wrapper import softmax_xent_cuda
+    from harness.backends.cuda.softmax_xent.wrapper import softmax_xent_cuda
     return softmax_xent_cuda
 
 
@@ -140,7 +140,7 @@ def test_deterministic_and_second_backward() -> None:
 
 
 def test_launch_error_raises() -> None:
-    from backends.cuda.softmax_xent import loader
+    from harness.backends.cuda.softmax_xent import loader
     z, t = _inputs(4, 1025, torch.float32, ignored=0.0, pad=0)
     before = loader.lib().xent_tune(1025)  # blockDim = 1025 > 1024: the launch is refused
     try:

@@ -49,7 +49,7 @@ def _doubled_grad(x: torch.Tensor, factor: torch.Tensor | float = 1.0) -> torch.
 
 
 def _xent(**scale):
-    from references.softmax_xent import softmax_xent
+    from harness.references.softmax_xent import softmax_xent
 
     def impl(logits, targets, **options):
         return softmax_xent(_doubled_grad(logits, **scale), targets, **options)
@@ -83,7 +83,7 @@ def test_a_per_row_scale_is_named_as_one():
 
 def _tau_from_batch_0_only(q, k, v, bias, tau, *, scale=None):
     """A reduction bug: dtau summed over batch 0 only (the other batches see tau detached)."""
-    from references.lazy_attention import lazy_attention
+    from harness.references.lazy_attention import lazy_attention
 
     outs = [lazy_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], bias, tau if b == 0 else tau.detach(),
                            scale=scale)["o"] for b in range(q.shape[0])]
@@ -197,7 +197,7 @@ def test_a_cell_of_the_old_format_is_rejudged_and_needs_a_rerun_for_hints():
 
 
 def _xent_outputs(rename: bool = False, reshape: bool = False):
-    from references.softmax_xent import softmax_xent
+    from harness.references.softmax_xent import softmax_xent
 
     def impl(logits, targets, **options):
         loss = softmax_xent(logits, targets, **options)["loss"]

@@ -23,7 +23,7 @@ def _write(folder: Path, name: str, text: str) -> Path:
 
 
 ADAPTER = """
-    from backends.golden.mhc_pre import backward, forward
+    from harness.backends.golden.mhc_pre import backward, forward
     from harness import Backend, register_backend
     {extra}
     register_backend(Backend(operator="{op}", name="{name}", impl=forward, backward=backward,

@@ -7,8 +7,7 @@ import math
 
 import pytest
 import torch
-
-from references.lazy_attention import lazy_attention, lazy_attention_parts
+from harness.references.lazy_attention import lazy_attention, lazy_attention_parts
 
 B, H, L, DH, W = 2, 2, 5, 4, 3
 
@@ -135,7 +134,8 @@ def _grads_with_mask(q, k, v, bias, tau, g, flip: torch.Tensor) -> dict[str, tor
 
 @pytest.mark.parametrize("tau_kind", ["neg", "mixed"])
 def test_kink_bound_covers_mask_flips(tau_kind: str) -> None:
-    from cases.lazy_attention import C, kink_bound, make_inputs
+    from harness.cases.lazy_attention import C, kink_bound, make_inputs
+
     from harness.inputs import generator
 
     case = C("kink", 2, 3, 40, 16, 7, tau=tau_kind)

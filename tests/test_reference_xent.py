@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from harness.references.fused_linear_xent import fused_linear_xent
+from harness.references.softmax_xent import softmax_xent
 
 from harness import Inputs
-from references.fused_linear_xent import fused_linear_xent
-from references.softmax_xent import softmax_xent
 
 F64 = torch.float64
 
@@ -180,7 +180,7 @@ def _cell(op_name: str, case_name: str, dtype: torch.dtype):
                                        "N16-V1025-confident-ls", "N128-V1025"])
 def test_softmax_xent_invariants_hold_for_the_floor_and_catch_defects(case_name: str,
                                                                       dtype: torch.dtype) -> None:
-    from cases.softmax_xent import token_weights
+    from harness.cases.softmax_xent import token_weights
     op, case, inp, g, floor = _cell("softmax_xent", case_name, dtype)
     assert op.invariants({}, floor, inp, case, grad_outputs=g) == []
     valid = inp.tensors["targets"] != inp.options["ignore_index"]

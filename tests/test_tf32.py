@@ -248,7 +248,7 @@ def _grads_with_mask():
 @pytest.fixture(scope="module")
 def kinky():
     """lazy_attention smoke L17-qkvT-dOcontig-B2 under a TF32 floor: 7 kink-marked elements."""
-    import cases.lazy_attention as la
+    import harness.cases.lazy_attention as la
 
     op = get_operator("lazy_attention")
     case = next(c for c in la.smoke("cpu") if c.name == "L17-qkvT-dOcontig-B2")
@@ -271,7 +271,7 @@ def _verdicts(op, case, ref, grads: dict, outs: dict, extra: dict) -> dict[str, 
 
 
 def test_kink_error_far_above_floor_fails_under_tf32(kinky) -> None:
-    import cases.lazy_attention as la
+    import harness.cases.lazy_attention as la
 
     op, case, ref = kinky
     fm = _floor_max(op, case, ref)
@@ -313,7 +313,7 @@ def test_kink_dtau_error_5000x_floor_fails_under_tf32(kinky) -> None:
 
 def test_kink_one_flip_passes_under_tf32(kinky) -> None:
     """A correct kernel whose rounding flips one marked element passes on every component."""
-    from references.lazy_attention import lazy_attention_parts
+    from harness.references.lazy_attention import lazy_attention_parts
 
     op, case, ref = kinky
     grads_with_mask = _grads_with_mask()
@@ -337,9 +337,10 @@ def test_kink_one_flip_passes_under_tf32(kinky) -> None:
 
 def test_kink_cap_covers_every_single_flip() -> None:
     """With no floor at all, the capped allowance is one flip, and covers each marked element's."""
-    import cases.lazy_attention as la
+    import harness.cases.lazy_attention as la
+    from harness.references.lazy_attention import lazy_attention_parts
+
     from harness.inputs import generator
-    from references.lazy_attention import lazy_attention_parts
 
     grads_with_mask = _grads_with_mask()
     case = la.C("kink", 2, 3, 40, 16, 7, tau="mixed")
@@ -371,7 +372,8 @@ def test_kink_cap_covers_every_single_flip() -> None:
 
 
 def test_kink_cap_is_tf32_only() -> None:
-    import cases.lazy_attention as la
+    import harness.cases.lazy_attention as la
+
     from harness.inputs import generator
 
     case = la.C("kink", 1, 2, 64, 16, 7, tau="neg")

@@ -14,7 +14,7 @@ import pytest
 if importlib.util.find_spec("tilelang") is None:
     pytest.skip("tilelang is not installed here", allow_module_level=True)
 
-from backends.tilelang.mhc_pre import kernels as K  # noqa: E402
+from harness.backends.tilelang.mhc_pre import kernels as K  # noqa: E402
 
 
 def _nvcc() -> str | None:
@@ -48,8 +48,7 @@ def test_every_n_has_a_tiling_and_traces() -> None:
 @needs_nvcc
 def test_kernels_compile_for_sm90a() -> None:
     import tilelang
-
-    from backends.tilelang.mhc_pre import wrapper
+    from harness.backends.tilelang.mhc_pre import wrapper
 
     tilelang.disable_cache()  # a cached kernel would skip lowering and nvcc
     try:

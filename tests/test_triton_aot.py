@@ -39,7 +39,7 @@ def interpreted_results() -> dict[str, str | None]:
 
 
 def test_targets_discovered() -> None:
-    assert any(pkg == "backends.triton.mhc_pre" for pkg, _ in TARGETS), "no AOT targets of backends/triton/mhc_pre"
+    assert any(pkg == "harness.backends.triton.mhc_pre" for pkg, _ in TARGETS), "no AOT target in triton/mhc_pre"
 
 
 @pytest.mark.parametrize("idx", range(len(TARGETS)), ids=IDS)

@@ -45,9 +45,9 @@ TOL = {"float32": 2e-6, "float16": 2e-3}
 
 SCRIPT = textwrap.dedent("""
     import dataclasses, json, sys, torch
-    from references.fused_linear_xent import fused_linear_xent as reference
-    from backends.triton.fused_linear_xent.wrapper import fused_linear_xent
-    from backends.triton.fused_linear_xent import adapter, wrapper
+    from harness.references.fused_linear_xent import fused_linear_xent as reference
+    from harness.backends.triton.fused_linear_xent.wrapper import fused_linear_xent
+    from harness.backends.triton.fused_linear_xent import adapter, wrapper
 
     cfg = wrapper.INTERPRETER
     print(json.dumps({"name": "blocks", "adapter": adapter.BLOCKS,
@@ -159,15 +159,15 @@ def test_all_ignored_mean_is_nan_with_zero_gradients(results, name):
 ])
 def test_bad_options_name_the_argument(kwargs, match):
     import torch
-
-    from backends.triton.fused_linear_xent.wrapper import fused_linear_xent
+    from harness.backends.triton.fused_linear_xent.wrapper import fused_linear_xent
     h, w, t = torch.zeros(2, 16), torch.zeros(3, 16), torch.zeros(2, dtype=torch.long)
     with pytest.raises(ValueError, match=match):
         fused_linear_xent(h, w, None, t, **kwargs)
 
 
 def test_adapter_blocks_match_gpu_config():
-    from backends.triton.fused_linear_xent import adapter, wrapper
+    from harness.backends.triton.fused_linear_xent import adapter, wrapper
+
     from harness.registry import interpreted
 
     if interpreted():

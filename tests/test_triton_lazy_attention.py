@@ -31,9 +31,9 @@ CASES = [
 
 SCRIPT = textwrap.dedent("""
     import json, sys, torch
-    from references.lazy_attention import lazy_attention
-    from backends.triton.lazy_attention import wrapper
-    from backends.triton.lazy_attention.wrapper import lazy_attention_triton
+    from harness.references.lazy_attention import lazy_attention
+    from harness.backends.triton.lazy_attention import wrapper
+    from harness.backends.triton.lazy_attention.wrapper import lazy_attention_triton
     wrapper.DS_BUDGET_BYTES = int(sys.argv[2])
 
     def make(shape, layout, dtype, gen):
@@ -105,8 +105,7 @@ def test_every_head_matches_reference(results: dict, case: tuple) -> None:
 
 def test_ds_budget_is_checked(monkeypatch) -> None:
     import torch
-
-    from backends.triton.lazy_attention import wrapper
+    from harness.backends.triton.lazy_attention import wrapper
 
     q = torch.zeros(1, 1, 4, 16)
     bias, tau = torch.zeros(1, 3), torch.zeros(1)
@@ -122,8 +121,7 @@ def test_ds_budget_is_checked(monkeypatch) -> None:
 
 def test_ds_bytes_counts_the_strips() -> None:
     import torch
-
-    from backends.triton.lazy_attention import wrapper
+    from harness.backends.triton.lazy_attention import wrapper
 
     # strips of BLOCK_N keys x the queries from each key block on, summed directly
     for L in (1, 17, 33, 100):

@@ -38,9 +38,9 @@ SCRIPT = textwrap.dedent("""
     from harness import registry
     from harness.inputs import place
     from harness.verdict import judge
-    from references.mhc_pre import mhc_pre
-    from backends.triton.mhc_pre import wrapper
-    from backends.triton.mhc_pre.wrapper import mhc_pre_triton
+    from harness.references.mhc_pre import mhc_pre
+    from harness.backends.triton.mhc_pre import wrapper
+    from harness.backends.triton.mhc_pre.wrapper import mhc_pre_triton
 
     NAMES = ("h_in", "h_post", "h_res", "dx", "dphi", "dalpha", "dbias", "dgamma")
 
@@ -153,7 +153,8 @@ def test_strided_cases_really_are_strided(results: dict) -> None:
 def test_declared_blocks_are_the_blocks_used(results: dict) -> None:
     cpu = results["_blocks"]
     assert cpu["declared"] == cpu["used"], cpu
-    from backends.triton.mhc_pre.wrapper import GPU_CONFIG
+    from harness.backends.triton.mhc_pre.wrapper import GPU_CONFIG
+
     from harness import registry
     from harness.registry import interpreted
 
@@ -166,8 +167,7 @@ def test_declared_blocks_are_the_blocks_used(results: dict) -> None:
 def test_token_stride_rule_for_tma_descriptors() -> None:
     # a descriptor walks tokens with one stride: only where b*S + s maps to one arithmetic progression
     import torch
-
-    from backends.triton.mhc_pre.wrapper import _tokens_2d
+    from harness.backends.triton.mhc_pre.wrapper import _tokens_2d
 
     x = torch.empty(2, 3, 4, 8)
     assert _tokens_2d(x, 2, 3) == 32
@@ -179,7 +179,7 @@ def test_token_stride_rule_for_tma_descriptors() -> None:
 
 
 def test_gemm_k_tile_halves_where_its_stages_would_not_fit() -> None:
-    from backends.triton.mhc_pre.wrapper import GPU_CONFIG, gemm_launch
+    from harness.backends.triton.mhc_pre.wrapper import GPU_CONFIG, gemm_launch
 
     assert gemm_launch(GPU_CONFIG, 32, 2) == (4, 3, 128)  # n <= 4: the tuned 128-wide tile, 3 stages
     assert gemm_launch(GPU_CONFIG, 64, 2) == (4, 4, 64)  # n = 5, 6: 64-wide, one more stage

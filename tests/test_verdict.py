@@ -99,7 +99,7 @@ def test_other_summation_order_passes():
     res, _ = _judge("dbias.res", k, ref, torch.float32)
     assert res.verdict == "PASS", res
     # and the golden backend's own order (eager float32 formulas, not autograd) passes everywhere
-    from backends.golden.mhc_pre import backward, forward
+    from harness.backends.golden.mhc_pre import backward, forward
 
     outs, saved = forward(**ref["inputs"].tensors, **ref["inputs"].options)
     grads = backward(saved, ref["grad_outputs"])

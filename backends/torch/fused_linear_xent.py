@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from harness.backends.torch.softmax_xent import xent_loss
 
-from backends.torch.softmax_xent import xent_loss
 from harness import Backend, ContractException, Gap, register_backend
 
 Tensor = torch.Tensor

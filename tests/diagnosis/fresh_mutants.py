@@ -72,8 +72,8 @@ TRUE_CAUSE: dict[str, tuple[str, str]] = {
 
 # --- lazy_attention / triton (interpreter blocks of 16; dk/dv+ds tiles 16 queries x 32 keys) -------------
 
-from cases.lazy_attention import QKV_T  # noqa: E402
-from cases.lazy_attention import C as LC  # noqa: E402
+from harness.cases.lazy_attention import QKV_T  # noqa: E402
+from harness.cases.lazy_attention import C as LC  # noqa: E402
 
 LAZY_ALL = ("o", "dq", "dk", "dv", "dbias", "dtau")
 
@@ -117,7 +117,7 @@ register_mutant(Mutant(
 
 # --- fused_linear_xent / triton (interpreter: 16-token chunks and row tiles, 128-wide vocab tiles) -------
 
-from cases.fused_linear_xent import C as XC  # noqa: E402
+from harness.cases.fused_linear_xent import C as XC  # noqa: E402
 
 XENT_ALL = ("loss", "dhidden", "dweight", "dbias")
 _X = ("N32-H24-V129", 32, 24, 129)
@@ -164,7 +164,7 @@ register_mutant(Mutant(
 
 # --- mhc_pre / triton (interpreter: 16-token tiles of the token kernel) -----------------------------------
 
-from cases.mhc_pre import C as MC  # noqa: E402
+from harness.cases.mhc_pre import C as MC  # noqa: E402
 
 MHC_OUTS = ("h_in", "h_post", "h_res")
 MHC_DBIAS = ("dbias.pre", "dbias.post", "dbias.res")

@@ -4,8 +4,8 @@ sweep must go on in a fresh worker, since the CUDA context of the faulting proce
 import torch
 import triton
 import triton.language as tl
+from harness.backends.golden.mhc_pre import backward, forward
 
-from backends.golden.mhc_pre import backward, forward
 from harness import Backend, register_backend
 
 

@@ -1,6 +1,7 @@
 """Deliberately wrong mhc_pre adapters (what a user's buggy kernel looks like to the harness)."""
 
-from backends.golden.mhc_pre import backward, forward
+from harness.backends.golden.mhc_pre import backward, forward
+
 from harness import Backend, register_backend
 
 

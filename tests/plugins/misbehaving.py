@@ -4,8 +4,8 @@ import os
 import time
 
 import torch
+from harness.backends.golden.mhc_pre import backward, forward
 
-from backends.golden.mhc_pre import backward, forward
 from harness import Backend, register_backend
 
 

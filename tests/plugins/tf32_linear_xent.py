@@ -37,9 +37,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from harness.references.softmax_xent import xent_from_logits
 
 from harness import Backend, register_backend
-from references.softmax_xent import xent_from_logits
 
 Tensor = torch.Tensor
 BM, BN, BK = 32, 32, 32  # tl.dot needs each tile dimension >= 16
