@@ -5,59 +5,29 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import shlex
 import sys
 import time
-import uuid
 from pathlib import Path
 
 from . import registry
 from .records import CellRecord
+from .session import (
+    CannotRunHere,
+    RunRequest,
+    RunSession,
+    UsageError,
+    checked_device,
+    default_device,
+    load_plugins,
+)
 from .spec import as_list
 
 log = logging.getLogger("harness")
 
 
-class UsageError(Exception):
-    """Bad arguments: exit code 2 with the message."""
-
-
-def default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-class CannotRunHere(Exception):
-    """The request is well formed but nothing of it can run on this machine (exit 3)."""
-
-
-def checked_device(device: str | None) -> str:
-    """--device as given (cpu, cuda, cuda:N) or the default; anything else is a usage error, and cuda on a
-    machine without a GPU is refused (exit 3) rather than turned into a run of SKIP cells that exits 0."""
-    if device is None:
-        return default_device()
-    if device != "cpu" and device != "cuda" and not re.fullmatch(r"cuda:\d+", device):
-        raise UsageError(f"--device {device!r}: expected cpu, cuda (every visible GPU) or cuda:N")
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise CannotRunHere(f"--device {device}: no CUDA device on this machine (torch "
-                                f"{torch.__version__}, torch.cuda.is_available() is False); use --device cpu")
-        n = torch.cuda.device_count()
-        if ":" in device and int(device.split(":")[1]) >= n:
-            raise UsageError(f"--device {device}: this machine has {n} GPU(s), cuda:0 to cuda:{n - 1}")
-    return device
-
-
-def _load_plugins(plugins: list[str]) -> None:
-    for p in plugins:
-        try:
-            registry.load_plugin(p)
-        except (FileNotFoundError, ValueError) as e:  # PluginError, RegistrationError included
-            raise UsageError(str(e)) from e
+# one definition of each, shared with the pytest plugin (harness/session.py)
+_load_plugins = load_plugins
 
 
 def _progress(total: int, enabled: bool):
@@ -98,97 +68,81 @@ def _resume(tasks: list, dir_: Path, commit: str) -> tuple[list, list[str]]:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    from . import report, runner
-    from .provenance import backend_provenance, device_class, run_provenance
+    from . import report
+    from .runner import per_worker_counts
+    from .session import LocalPool
 
-    device = checked_device(a.device)
-    _load_plugins(a.plugin)
-    try:
-        plan = runner.plan(
-            as_list(a.kernel),
-            a.sizes,
-            as_list(a.backend) or None,
-            as_list(a.dtype) or None,
-            device,
-            a.seed,
-            a.repeats,
-            case_filter=a.case,
-        )
-    except (KeyError, ValueError) as e:
-        raise UsageError(str(e).strip('"')) from e
-    if a.hypothesis:
-        plan.tasks += _hypothesis_tasks(plan, a, device)
-    if not plan.tasks:
-        raise UsageError("nothing to run: no cases matched")
-    header = run_provenance(device)
-    header["run_id"] = uuid.uuid4().hex[:10]
-    header["command"] = "harness " + " ".join(shlex.quote(x) for x in sys.argv[1:])
-    header["sizes"] = a.sizes
-    header["case_filter"] = a.case  # a filtered run plans part of the preset (see report._drop_unplanned)
-    header["backends"] = {
-        f"{t.operator}/{t.backend}": backend_provenance(registry.get_backend(t.operator, t.backend).source_files())
-        for t in plan.tasks
-    }
-    # the cells this run means to produce, per operator: a report of a run stopped midway lists the rest
-    header["planned"] = {}
-    for t in plan.tasks:
-        header["planned"].setdefault(t.operator, []).append(report.planned_key(t.backend, t.dtype, t.case.name))
+    req = RunRequest(as_list(a.kernel), a.sizes, as_list(a.backend) or None, as_list(a.dtype) or None, a.device,
+                     list(a.plugin), a.seed, a.repeats, a.case, a.report,
+                     command="harness " + " ".join(shlex.quote(x) for x in sys.argv[1:]))
+    extra = (lambda _plan, device: _hypothesis_tasks(a, device)) if a.hypothesis else None
+    session = RunSession(req, extra_tasks=extra)
+    plan, header, device = session.plan, session.header, session.device
     if a.resume:
-        plan.tasks, header["resumes"] = _resume(plan.tasks, Path(a.report) / device_class(device), header["commit"])
+        plan.tasks, header["resumes"] = _resume(plan.tasks, session.report_dir, header["commit"])
         if not plan.tasks:
             print(f"--resume: every planned cell already has a result at commit {header['commit']}; nothing to run")
             return 0
-    writer = report.ReportWriter(a.report, device_class(device), header)
+    pool = LocalPool(registry.plugins_loaded(), a.workers, a.timeout, **_recorded(a.report, device, plan.tasks))
+    session.begin()
     bar = _progress(len(plan.tasks), not a.no_progress)
     t0 = time.time()
 
     def on_cell(cell: CellRecord) -> None:
-        writer.append(cell)
         if bar is not None:
             bar.set_postfix_str(f"{cell.operator}/{cell.backend}/{cell.dtype} {cell.status.value}")
             bar.update(1)
 
-    # the report's earlier timings of these cells on this device class: the longest groups start first
-    ops = sorted({t.operator for t in plan.tasks})
-    fields = ("duration_s", "peak_mem_mb")
-    rec = report.recorded(Path(a.report) / device_class(device), ops, fields)
-    if device.startswith("cuda"):
-        # first run on this GPU class: another GPU class's records still rank the groups and size them
-        for d in sorted(Path(a.report).glob("*/")):
-            if all(rec.values()):
-                break
-            if d.name not in ("cpu", device_class(device)):
-                other = report.recorded(d, ops, fields)
-                rec = {f: rec[f] or other[f] for f in fields}
-    durations, peaks = rec["duration_s"], rec["peak_mem_mb"]
-    stats: dict[str, float] = {}
-    results = runner.run(plan, registry.plugins_loaded(), on_cell, workers=a.workers, timeout=a.timeout,
-                         durations=durations, stats=stats, peaks=peaks)
+    try:
+        session.execute(pool, on_cell)
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.close()
+        return session.interrupted()
     if bar is not None:
         bar.close()
     t_render = time.time()
-    paths = writer.render()
-    stats["render_s"] = time.time() - t_render
-    print(report.terminal_summary(results, device_class(device)))
-    counts = runner.per_worker_counts(results)
+    paths = session.render()
+    pool.stats["render_s"] = time.time() - t_render
+    results = session.results
+    print(report.terminal_summary(results, session.device_class))
+    counts = per_worker_counts(results)
     if len(counts) > 1 or device.startswith("cuda"):
         print("cells per worker: " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
     print(
         f"{len(results)} cells in {time.time() - t0:.1f} s; reports: "
         + ", ".join(str(p) for p in paths if p.suffix == ".md")
     )
-    print("where the time went: " + time_breakdown(stats))
+    print("where the time went: " + time_breakdown(pool.stats))
     busiest = busiest_backends(results)
     if busiest:
         print("cell-seconds by backend (first call / again): " + busiest)
-    _save_repros(results, a, device)
-    plugged = sorted({t.backend for t in plan.tasks
-                      if registry.get_backend(t.operator, t.backend).origin.startswith("plugin:")})
-    code = runner.exit_code(results, plan.explicit, device_class(device), plugged)
+    _save_repros(session)
+    code = session.exit_code()
     if code == 3:
-        for why in runner.not_run(results, plan.explicit, plugged):
+        for why in session.not_run():
             print(f"harness run: tested nothing here: {why}", file=sys.stderr)
     return code
+
+
+def _recorded(root: str, device: str, tasks: list) -> dict[str, dict]:
+    """The report's earlier timings and GPU memory peaks of these cells on this device class: the longest
+    groups start first, and workers sharing a GPU start together only groups that fit in it."""
+    from . import report
+    from .provenance import device_class
+
+    ops = sorted({t.operator for t in tasks})
+    fields = ("duration_s", "peak_mem_mb")
+    rec = report.recorded(Path(root) / device_class(device), ops, fields)
+    if device.startswith("cuda"):
+        # first run on this GPU class: another GPU class's records still rank the groups and size them
+        for d in sorted(Path(root).glob("*/")):
+            if all(rec.values()):
+                break
+            if d.name not in ("cpu", device_class(device)):
+                other = report.recorded(d, ops, fields)
+                rec = {f: rec[f] or other[f] for f in fields}
+    return {"durations": rec["duration_s"], "peaks": rec["peak_mem_mb"]}
 
 
 def time_breakdown(stats: dict[str, float]) -> str:
@@ -222,21 +176,18 @@ def busiest_backends(results: list[CellRecord], top: int = 5) -> str:
     return ", ".join(f"{k} {v[0]:.0f} s" + (f" ({v[1]:.0f} / {v[2]:.0f})" if v[3] else "") for k, v in ranked)
 
 
-def _save_repros(results: list[CellRecord], a: argparse.Namespace, device: str) -> None:
+def _save_repros(session: RunSession) -> None:
     """A bundle per failing cell; failing hypothesis-drawn cells are first shrunk to a minimal case."""
     from .judgement import judge_cell
-    from .provenance import device_class
-    from .repro import save_bundle
 
-    bad = [c for c in results if judge_cell(c, device_class=device_class(device)).failing]
+    bad = [c for c in session.results if judge_cell(c, device_class=session.device_class).failing]
     shrunk: set[tuple] = set()
     for c in bad[:20]:
         key = (c.operator, c.backend, c.dtype)
         if "hypothesis" in c.case.tags and key not in shrunk:
             shrunk.add(key)
-            c = _shrink(c, device) or c
-        path = save_bundle(c, a.report, registry.plugins_loaded())
-        print(f"repro: harness repro {path}")
+            c = _shrink(c, session.device) or c
+        print(f"repro: harness repro {session.save_repro(c)}")
 
 
 def _shrink(cell: CellRecord, device: str) -> CellRecord | None:
@@ -264,7 +215,7 @@ def _shrink(cell: CellRecord, device: str) -> CellRecord | None:
     return None
 
 
-def _hypothesis_tasks(plan, a: argparse.Namespace, device: str) -> list:
+def _hypothesis_tasks(a: argparse.Namespace, device: str) -> list:
     from . import runner
     from .strategies import sample_cases
 

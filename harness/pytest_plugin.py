@@ -1,14 +1,27 @@
-"""pytest wiring: options, hypothesis profiles, and conformance cells as test items.
+"""pytest wiring: harness options, and conformance cells collected as test items when one is given.
 
-Thin by design: cells are planned by runner.plan and executed by runner.CellExecutor (a worker
-process, so a crashing kernel fails its item, not the session). A test module opts in with::
+Installed with the distribution (entry point ``pytest11``), so it is active in every pytest run of the
+environment; it therefore changes nothing unless asked:
 
-    from harness.pytest_plugin import test_conformance  # noqa: F401
+- Options: ``--harness-backend``, ``--harness-kernel``, ``--harness-sizes``, ``--harness-plugin`` (and
+  ``--harness-device``, ``--harness-dtype``, ``--harness-report``, ``--harness-timeout``,
+  ``--harness-bench``) always exist; the short names ``--backend``, ``--kernel``, ``--sizes`` and
+  ``--plugin`` are added too, each only where no other plugin or conftest has taken it.
+- Without a harness option nothing is collected and nothing is configured (no Hypothesis profile).
+- With one, the plugin collects the conformance items by itself (harness/pytest_items.py, node id
+  ``harness``) and only those run: ``pytest --backend=mine --plugin my_adapter.py`` works in a folder with
+  no harness test file. Paths given explicitly on the command line are still collected.
+
+Cells are planned, recorded and judged by the same run session as `harness run` (harness/session.py),
+each executed in a worker process (a crashing kernel fails its item, not the session).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,80 +30,243 @@ from . import registry, runner
 from .records import CellRecord
 from .spec import as_list
 
+# canonical option -> the short name the README uses, registered where it is free
+SHORT_NAMES = {"--harness-backend": "--backend", "--harness-kernel": "--kernel", "--harness-sizes": "--sizes",
+               "--harness-plugin": "--plugin"}
+# options whose presence turns the session into a conformance run (dest names)
+HARNESS_OPTIONS = ("harness_backend", "harness_kernel", "harness_sizes", "harness_plugin", "harness_device",
+                   "harness_dtype", "harness_report", "harness_bench")
+_RUN = pytest.StashKey["PytestRun"]()
 _STATE: dict[str, Any] = {}
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    g = parser.getgroup("harness", "gradient-kernel conformance")
-    g.addoption("--backend", default=None, help="comma-separated backends to judge (default: all that run here)")
-    g.addoption("--kernel", default="all", help="operator id or family alias, comma-separated (default: all)")
-    g.addoption("--sizes", default="smoke", help="case preset: smoke, sweep or full (default: smoke)")
-    g.addoption("--harness-device", default=None, help="cpu or cuda (default: cuda if present)")
+def _option_specs() -> dict[str, dict[str, Any]]:
+    return {
+        "--harness-backend": dict(dest="harness_backend", default=None,
+                                  help="comma-separated backends to judge (default: all that run here)"),
+        "--harness-kernel": dict(dest="harness_kernel", default=None,
+                                 help="operator id or family alias, comma-separated (default: all)"),
+        "--harness-sizes": dict(dest="harness_sizes", default=None,
+                                help="case preset: smoke, sweep or full (default: smoke)"),
+        "--harness-plugin": dict(dest="harness_plugin", action="append", default=[],
+                                 help="adapter file or module (repeatable)"),
+    }
+
+
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    g = parser.getgroup("harness", "gradient-kernel conformance (any of these collects the conformance items)")
+    for name, spec in _option_specs().items():
+        g.addoption(name, **spec)
+    g.addoption("--harness-device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
     g.addoption("--harness-dtype", default=None, help="comma-separated dtypes (default: the device's list)")
     g.addoption("--harness-report", default=None, help="also write cells to this report directory")
-    g.addoption("--harness-plugin", action="append", default=[], help="adapter file or module (repeatable)")
     g.addoption("--harness-timeout", type=float, default=300.0, help="seconds per cell")
-    g.addoption("--harness-bench", action="store_true",
-                help="collect pytest-benchmark items: forward+backward of each backend on its operator's "
-                     "bench cases (smoke-sized on CPU); keep history with --benchmark-autosave")
+    g.addoption("--harness-bench", action="store_true", default=None,
+                help="collect pytest-benchmark items instead: forward+backward of each backend on its "
+                     "operator's bench cases (smoke-sized on CPU); keep history with --benchmark-autosave")
+    _STATE["parser"] = parser
+    if _loaded_by_conftest(pluginmanager):
+        # loaded through a conftest's pytest_plugins: the conftests that could take a short name are in
+        add_short_names(parser)
 
 
-def _register_hypothesis_profiles() -> None:
-    try:
-        from hypothesis import HealthCheck, settings
-    except ImportError:  # pragma: no cover
-        return
-    # CI: derandomized (replayable), bounded; on demand: --hypothesis-profile=random
-    for name, derandomize, examples in (("ci", True, 20), ("random", False, 100)):
-        settings.register_profile(name, derandomize=derandomize, max_examples=examples, deadline=None,
-                                  print_blob=True, suppress_health_check=[HealthCheck.too_slow])
-    settings.load_profile(os.environ.get("HARNESS_HYPOTHESIS_PROFILE", "ci"))
+def _loaded_by_conftest(pm: pytest.PytestPluginManager) -> bool:
+    return any(str(getattr(p, "__file__", "") or "").endswith("conftest.py") for p in pm.get_plugins())
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    _register_hypothesis_profiles()
-    config.addinivalue_line("markers", "conformance: a harness cell (operator x backend x dtype x case)")
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]):
+    """Installed (entry point), the plugin registers before any conftest: the short names are added once the
+    initial conftests have added theirs, so that a project defining its own --backend keeps it."""
+    result = yield
+    add_short_names(parser)
+    return result
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    """Which named backends' items ran: a session whose named backend ran none fails (pytest_sessionfinish)."""
-    outcome = yield
-    rep = outcome.get_result()
-    t = getattr(getattr(item, "callspec", None), "params", {}).get("harness_cell")
-    if t is not None and rep.when in ("setup", "call"):
-        ran = _STATE.setdefault("ran", {}).setdefault(t.backend, [0, set()])
-        if rep.skipped:
-            why = str(rep.longrepr[-1]) if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
-            ran[1].add(why.removeprefix("Skipped: "))
-        elif rep.when == "call":
-            ran[0] += 1
+def add_short_names(parser: pytest.Parser) -> list[str]:
+    """Register each short name no other plugin or conftest has taken; returns those added."""
+    taken = {n for grp in getattr(parser, "_groups", []) for opt in grp.options for n in opt.names()}
+    g = parser.getgroup("harness")
+    added = []
+    for canonical, short in SHORT_NAMES.items():
+        if short in taken:
+            continue
+        spec = {**_option_specs()[canonical], "help": f"same as {canonical}"}
+        try:
+            g.addoption(short, **spec)
+        except (ValueError, argparse.ArgumentError):  # taken where we could not see it
+            continue
+        added.append(short)
+    return added
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """A named backend (--backend) that ran no item makes the session fail, with the reasons: a CI job that
-    tested nothing must not go green."""
-    named = as_list(session.config.getoption("--backend"))
-    ran = _STATE.get("ran", {})
-    idle = [(b, ran[b][1]) for b in named if b in ran and ran[b][0] == 0]
-    if not idle or exitstatus not in (0, pytest.ExitCode.OK):
-        return
-    tr = session.config.pluginmanager.get_plugin("terminalreporter")
-    for b, why in idle:
-        msg = f"harness: backend {b} ran no item: {'; '.join(sorted(why)) or 'every item was skipped'}"
-        if tr is not None:
-            tr.ensure_newline()
-            tr.write_line(msg, red=True)
-    session.exitstatus = 3
+def harness_mode(config: pytest.Config) -> bool:
+    """Whether a harness option was given (only then are conformance items collected)."""
+    return any(config.getoption(d, None) not in (None, [], False) for d in HARNESS_OPTIONS)
 
 
 def _device(config: pytest.Config) -> str:
-    d = config.getoption("--harness-device")
-    if d:
-        return d
-    import torch
+    from .session import checked_device
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return checked_device(config.getoption("harness_device"))
+
+
+class PytestRun:
+    """The pytest session's run session, the worker that executes its cells, and where bundles go."""
+
+    def __init__(self, config: pytest.Config):
+        import shlex
+
+        from .session import RunRequest, RunSession
+
+        self.config = config
+        req = RunRequest(
+            kernels=as_list(config.getoption("harness_kernel")) or ["all"],
+            sizes=config.getoption("harness_sizes") or "smoke",
+            backends=as_list(config.getoption("harness_backend")) or None,
+            dtypes=as_list(config.getoption("harness_dtype")) or None,
+            device=config.getoption("harness_device"),
+            plugins=list(config.getoption("harness_plugin")),
+            report=config.getoption("harness_report"),
+            command="pytest " + " ".join(shlex.quote(str(a)) for a in config.invocation_params.args),
+        )
+        self.session = RunSession(req)
+        # pytest-xdist workers of one session share one run id
+        self.session.header["run_id"] = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:10] or \
+            self.session.header["run_id"]
+        self.executor: Any = None
+        self.ran: dict[str, list] = {}  # backend -> [items that ran, skip reasons] (from the item reports)
+
+    def run_cell(self, t: runner.Task) -> CellRecord:
+        if t.skip:
+            cell = t.failed("SKIP", t.skip)
+        else:
+            if self.executor is None:
+                from .session import SingleWorker
+
+                self.session.begin()
+                self.executor = SingleWorker(self.session.device, registry.plugins_loaded(),
+                                             self.config.getoption("harness_timeout"), gpu=_gpu_for_xdist_worker())
+            cell = self.executor.cells.run(t)
+        self.session.record(cell)
+        return cell
+
+    def save_repro(self, cell: CellRecord) -> Path | None:
+        """A bundle in --harness-report's folder, else pytest's cache folder (or a temporary one)."""
+        root = self.config.getoption("harness_report")
+        if not root:
+            cache = getattr(self.config, "cache", None)
+            root = str(cache.mkdir("harness")) if cache is not None else tempfile.mkdtemp(prefix="harness-")
+        try:
+            from .repro import save_bundle
+
+            return save_bundle(cell, root, registry.plugins_loaded())
+        except Exception:  # noqa: BLE001 - the failure itself is what the item must show
+            return None
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.close()
+        self.session.render()
+
+
+def run_session(config: pytest.Config) -> PytestRun:
+    return config.stash[_RUN]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "conformance: a harness cell (operator x backend x dtype x case)")
+    if not harness_mode(config) or config.getoption("harness_bench"):
+        return
+    from .session import CannotRunHere, UsageError
+
+    try:
+        config.stash[_RUN] = PytestRun(config)
+    except UsageError as e:
+        raise pytest.UsageError(f"harness: {_pytest_names(str(e))}") from e
+    except CannotRunHere as e:
+        pytest.exit(f"harness: {_pytest_names(str(e))}", returncode=3)
+
+
+def _pytest_names(msg: str) -> str:
+    """The session names the CLI's options; under pytest the device and dtype options are --harness-*."""
+    return msg.replace("--device", "--harness-device").replace("--dtype", "--harness-dtype")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    run = config.stash.get(_RUN, None)
+    if run is not None:
+        run.close()
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With a harness option, only the conformance items run: nothing else is collected from folders."""
+    return True if harness_mode(config) else None
+
+
+class _HarnessModule(pytest.Module):
+    """harness/pytest_items.py, collected as node ``harness`` whatever the project's collection settings."""
+
+    def istestfunction(self, obj: object, name: str) -> bool:
+        return name == ("test_benchmark" if self.config.getoption("harness_bench") else "test_conformance")
+
+    def istestclass(self, obj: object, name: str) -> bool:
+        return False
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not harness_mode(config):
+        return
+    from . import pytest_items
+
+    mod = _HarnessModule.from_parent(session, path=Path(pytest_items.__file__), name="harness", nodeid="harness")
+    mine = [x for x in session.genitems(mod)]
+    for item in mine:
+        t = getattr(getattr(item, "callspec", None), "params", {}).get("harness_cell")
+        if t is not None:
+            item.user_properties.append(("harness_backend", t.backend))
+    items[:0] = mine
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Which backends' items ran (here or in an xdist worker): a session whose named or plugin backend ran
+    none, or in which no item ran at all, fails at the end (pytest_sessionfinish)."""
+    backend = dict(report.user_properties).get("harness_backend")
+    if backend is None:
+        return
+    ran = _STATE.setdefault("ran", {}).setdefault(backend, [0, set()])
+    if report.skipped and not hasattr(report, "wasxfail"):
+        why = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        ran[1].add(why.removeprefix("Skipped: "))
+    elif report.when == "call":
+        ran[0] += 1
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A CI job that tested nothing must not go green: exit 3 with the reasons."""
+    run = session.config.stash.get(_RUN, None)
+    if run is None or exitstatus not in (0, pytest.ExitCode.OK) or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # an xdist worker saw part of the items: the controller decides
+    ran = _STATE.get("ran", {})
+    if not ran:
+        return
+    named = [*(run.session.plan.explicit or []), *run.session.plugin_backends()]
+    msgs = [f"backend {b} ran no item: {'; '.join(sorted(ran[b][1])) or 'every item was skipped'}"
+            for b in dict.fromkeys(named) if b in ran and ran[b][0] == 0]
+    if not any(r[0] for r in ran.values()):
+        msgs.append("no harness item ran: every item was skipped")
+    if msgs:
+        _STATE["tested_nothing"] = msgs
+        session.exitstatus = 3
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    msgs = _STATE.get("tested_nothing")
+    if msgs:
+        terminalreporter.write_sep("=", "harness: tested too little (exit 3)", red=True)
+        for m in msgs:
+            terminalreporter.write_line(f"harness: {m}", red=True)
 
 
 def _gpu_for_xdist_worker() -> int | None:
@@ -110,10 +286,10 @@ def _bench_params(cfg: pytest.Config) -> tuple[list, list[str]]:
 
     device = _device(cfg)
     gpu = device.startswith("cuda")
-    wanted = as_list(cfg.getoption("--backend")) or None
-    dtypes = as_list(cfg.getoption("--harness-dtype")) or ["bfloat16" if gpu else "float32"]
+    wanted = as_list(cfg.getoption("harness_backend")) or None
+    dtypes = as_list(cfg.getoption("harness_dtype")) or ["bfloat16" if gpu else "float32"]
     params, ids = [], []
-    for op_name in registry.resolve_kernels(as_list(cfg.getoption("--kernel"))):
+    for op_name in registry.resolve_kernels(as_list(cfg.getoption("harness_kernel")) or ["all"]):
         op = registry.get_operator(op_name)
         cases = cases_for(op, device)
         for b in registry.backends(op_name):
@@ -129,64 +305,19 @@ def _bench_params(cfg: pytest.Config) -> tuple[list, list[str]]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    cfg = metafunc.config
     if "harness_bench_cell" in metafunc.fixturenames:
-        cfg = metafunc.config
-        if not cfg.getoption("--harness-bench"):
-            off = pytest.param(None, marks=pytest.mark.skip(reason="benchmarks run with --harness-bench"))
-            metafunc.parametrize("harness_bench_cell", [off], ids=["off"])
-            return
-        for p in cfg.getoption("--harness-plugin"):
-            registry.load_plugin(p)
+        from .session import load_plugins
+
+        load_plugins(cfg.getoption("harness_plugin"))
         params, ids = _bench_params(cfg)
         metafunc.parametrize("harness_bench_cell", params, ids=ids)
-        return
-    if "harness_cell" not in metafunc.fixturenames:
-        return
-    cfg = metafunc.config
-    for p in cfg.getoption("--harness-plugin"):
-        registry.load_plugin(p)
-    backends = as_list(cfg.getoption("--backend")) or None
-    plan = runner.plan(
-        as_list(cfg.getoption("--kernel")),
-        cfg.getoption("--sizes"),
-        backends,
-        as_list(cfg.getoption("--harness-dtype")) or None,
-        _device(cfg),
-    )
-    params, ids = [], []
-    for t in plan.tasks:
+    elif "harness_cell" in metafunc.fixturenames:
+        plan = run_session(cfg).session.plan
         # a declared gap is judged on the cell's figures (its scope and ceiling), not at collection
-        params.append(pytest.param(t, marks=[pytest.mark.conformance]))
-        ids.append(f"{t.operator}-{t.backend}-{t.dtype}-{t.case.name}")
-    metafunc.parametrize("harness_cell", params, ids=ids)
-
-
-@pytest.fixture(scope="session")
-def harness_executor(request: pytest.FixtureRequest):
-    cfg = request.config
-    ex = runner.CellExecutor(
-        _device(cfg), registry.plugins_loaded(), cfg.getoption("--harness-timeout"), gpu=_gpu_for_xdist_worker()
-    )
-    yield ex
-    ex.close()
-    w = _STATE.get("writer")
-    if w is not None:
-        w.render()
-
-
-def _writer(cfg: pytest.Config, device: str):
-    root = cfg.getoption("--harness-report")
-    if not root:
-        return None
-    if "writer" not in _STATE:
-        import uuid
-
-        from .provenance import device_class, run_provenance
-        from .report import ReportWriter
-
-        header = {**run_provenance(device), "run_id": uuid.uuid4().hex[:10], "command": "pytest (harness plugin)"}
-        _STATE["writer"] = ReportWriter(root, device_class(device), header)
-    return _STATE["writer"]
+        params = [pytest.param(t, marks=[pytest.mark.conformance]) for t in plan.tasks]
+        ids = [f"{t.operator}-{t.backend}-{t.dtype}-{t.case.name}" for t in plan.tasks]
+        metafunc.parametrize("harness_cell", params, ids=ids)
 
 
 def format_failure(cell: CellRecord, device_class: str = "") -> str:
@@ -223,52 +354,3 @@ def format_failure(cell: CellRecord, device_class: str = "") -> str:
     for n in j.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines)
-
-
-def test_conformance(
-    harness_cell: runner.Task, harness_executor: runner.CellExecutor, request: pytest.FixtureRequest
-) -> None:
-    """One conformance cell; fails with the component table and localization; a failure inside the
-    backend's declared gap is an xfail with the gap's reason and figures."""
-    from .judgement import judge_cell
-    from .provenance import device_class
-
-    t = harness_cell
-    if t.skip:
-        pytest.skip(f"{t.backend}: {t.skip}")
-    cell = harness_executor.run(t)
-    w = _writer(request.config, t.device)
-    if w is not None:
-        w.append(cell)
-    j = judge_cell(cell, device_class=device_class(t.device))
-    if j.shown == "XFAIL":
-        pytest.xfail(f"declared: {j.declared_text()}")
-    if j.failing:
-        pytest.fail(format_failure(cell, device_class(t.device)), pytrace=False)
-
-
-def test_benchmark(harness_bench_cell: tuple, benchmark) -> None:
-    """pytest-benchmark item: one forward+backward (forward only without gradients) per round, synced.
-
-    In-process (the benchmark fixture times this process), so a crashing kernel ends the session:
-    run conformance first. Shapes, dtypes and backends follow `harness bench`.
-    """
-    from .bench import _sync, bench_calls, cpu_interpret
-    from .provenance import device_class
-    from .spec import dtype_of
-
-    op_name, backend, case, dtype, device = harness_bench_cell
-    cpu_interpret(device)
-    calls = bench_calls(registry.get_operator(op_name), registry.get_backend(op_name, backend), case,
-                        dtype_of(dtype), device)
-    fn = calls["fwd_bwd"] or calls["forward"]
-
-    def once() -> None:
-        fn()
-        _sync()
-
-    benchmark.extra_info.update(operator=op_name, backend=backend, case=case.name, dtype=dtype,
-                                device_class=device_class(device),
-                                timed="forward+backward" if calls["fwd_bwd"] else "forward")
-    benchmark(once)
-    calls["clear"]()

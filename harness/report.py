@@ -58,15 +58,26 @@ class ReportWriter:
     def path(self, op: str) -> Path:
         return self.dir / f"{op}.jsonl"
 
-    def append(self, cell: CellRecord) -> None:
-        op = cell.operator
-        cell.run_id = self.header.get("run_id")
+    def begin(self, operators: list[str]) -> list[Path]:
+        """Write each operator's run header now and redraw its report: until the run's cells arrive it
+        lists them as missing, so a run killed midway (kill -9 included) leaves a report saying so."""
+        for op in operators:
+            self._start(op)
+        return self.render()
+
+    def _start(self, op: str) -> None:
+        if op in self.started:
+            return
+        self.started.add(op)
+        self.touched.append(op)
+        planned = (self.header.get("planned") or {}).get(op)
         with open(self.path(op), "a") as f:
-            if op not in self.started:
-                self.started.add(op)
-                self.touched.append(op)
-                planned = (self.header.get("planned") or {}).get(op)
-                f.write(json.dumps({"run": {**self.header, "planned": planned}}) + "\n")
+            f.write(json.dumps({"run": {**self.header, "planned": planned}}) + "\n")
+
+    def append(self, cell: CellRecord) -> None:
+        cell.run_id = self.header.get("run_id")
+        self._start(cell.operator)
+        with open(self.path(cell.operator), "a") as f:
             f.write(_line(cell.to_json()) + "\n")
             f.flush()
 
@@ -270,7 +281,7 @@ def _missing_section(cells: list[CellRecord], latest: dict) -> list[str]:
         b, dt, name = k.split("|", 2)
         by_case.setdefault(name, []).append(f"{b} {dt}")
     return ([f"**Incomplete: {len(missing)} of {len(planned)} planned cells of the latest run have no result** "
-             "(the run stopped before them; `--resume` runs them):", ""]
+             "(the run stopped before them, or is still running; `--resume` runs them):", ""]
             + [f"- `{name}`: {', '.join(v)}" for name, v in by_case.items()] + [""])
 
 

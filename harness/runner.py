@@ -11,8 +11,10 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import re
+import signal
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
@@ -143,6 +145,22 @@ def worker_env(device: str, gpu: int | None, shared: bool = False) -> dict[str, 
     return env
 
 
+@contextmanager
+def _sigint_ignored():
+    """SIGINT ignored while a worker is spawned: a process started with it ignored keeps it so (Python
+    installs its KeyboardInterrupt handler only where the parent left SIGINT alone), so Ctrl-C on the
+    terminal reaches the parent alone, which stops the workers, instead of a traceback from every worker."""
+    try:
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 class _Worker:
     def __init__(self, slot: int, device: str, gpu: int | None, plugins: list[str], threads: int,
                  shared: bool = False):
@@ -154,7 +172,8 @@ class _Worker:
         self.proc = ctx.Process(
             target=worker_main, args=(child, worker_env(device, gpu, shared), plugins, threads), daemon=True
         )
-        self.proc.start()
+        with _sigint_ignored():  # Ctrl-C is the parent's to handle: the worker starts with SIGINT ignored
+            self.proc.start()
         child.close()
         self.ready = False
         self.task: Task | None = None
@@ -273,52 +292,61 @@ def run(
         return nw
 
     born = {w.slot: time.time() for w in pool}
-    while any(w.task or w.group for w in pool) or queue:
-        for w in pool:
-            if w.ready and w.task is None:
-                feed(w)
-        live = [w for w in pool if w.proc.is_alive() or w.task]
-        if not live:
-            break
-        ready = wait([w.conn for w in pool], timeout=1.0)
-        now = time.time()
-        for w in list(pool):
-            if w.conn in ready:
-                try:
-                    msg = w.conn.recv()
-                except (EOFError, OSError):
-                    msg = None
-                if msg is None:
-                    t = w.task
-                    how = exit_status(w.proc)
-                    w.kill()
-                    if t is not None:
-                        finish(w, t.failed("CRASH", f"worker process died ({how}) while running this cell"))
-                    elif not w.ready:
-                        # a worker that cannot even start: fail its group instead of looping forever
-                        for t2 in w.group:
-                            finish(w, t2.failed("ERROR", f"worker failed to start ({how})"))
-                        w.group = []
-                        packer.release(w.gpu, w.need)
-                        w.need = 0.0
-                    new = replace(w)
-                    born[new.slot] = time.time()
-                elif "ready" in msg:
-                    w.ready = True
-                    stats["ready_s"] = max(stats.get("ready_s", 0.0), time.time() - t_run)
-                else:
-                    cell = CellRecord.from_json(msg)
-                    finish(w, cell)
-                    if cell.status == Status.CRASH:
+
+    def drive() -> None:
+        while any(w.task or w.group for w in pool) or queue:
+            for w in pool:
+                if w.ready and w.task is None:
+                    feed(w)
+            live = [w for w in pool if w.proc.is_alive() or w.task]
+            if not live:
+                break
+            ready = wait([w.conn for w in pool], timeout=1.0)
+            now = time.time()
+            for w in list(pool):
+                if w.conn in ready:
+                    try:
+                        msg = w.conn.recv()
+                    except (EOFError, OSError):
+                        msg = None
+                    if msg is None:
+                        t = w.task
+                        how = exit_status(w.proc)
+                        w.kill()
+                        if t is not None:
+                            finish(w, t.failed("CRASH", f"worker process died ({how}) while running this cell"))
+                        elif not w.ready:
+                            # a worker that cannot even start: fail its group instead of looping forever
+                            for t2 in w.group:
+                                finish(w, t2.failed("ERROR", f"worker failed to start ({how})"))
+                            w.group = []
+                            packer.release(w.gpu, w.need)
+                            w.need = 0.0
                         new = replace(w)
                         born[new.slot] = time.time()
-            elif w.task is not None and now - w.started > timeout:
-                t = w.task
-                finish(w, t.failed("TIMEOUT", f"no result after {timeout:.0f} s; worker killed and restarted"))
-                new = replace(w)
-                born[new.slot] = time.time()
-            elif not w.ready and now - born[w.slot] > startup_timeout:
-                raise RuntimeError(f"worker {w.slot} did not start within {startup_timeout:.0f} s")
+                    elif "ready" in msg:
+                        w.ready = True
+                        stats["ready_s"] = max(stats.get("ready_s", 0.0), time.time() - t_run)
+                    else:
+                        cell = CellRecord.from_json(msg)
+                        finish(w, cell)
+                        if cell.status == Status.CRASH:
+                            new = replace(w)
+                            born[new.slot] = time.time()
+                elif w.task is not None and now - w.started > timeout:
+                    t = w.task
+                    finish(w, t.failed("TIMEOUT", f"no result after {timeout:.0f} s; worker killed and restarted"))
+                    new = replace(w)
+                    born[new.slot] = time.time()
+                elif not w.ready and now - born[w.slot] > startup_timeout:
+                    raise RuntimeError(f"worker {w.slot} did not start within {startup_timeout:.0f} s")
+
+    try:
+        drive()
+    except KeyboardInterrupt:
+        for w in pool:  # Ctrl-C: the cells in flight are lost, the finished ones were already handed over
+            w.kill()
+        raise
     for w in pool:  # tell all to stop first, then wait, so that their exits overlap
         try:
             w.conn.send(None)

@@ -8,12 +8,16 @@ triton is imported, and so that a dead CUDA context dies with its process.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import traceback
 from multiprocessing.connection import Connection
 
 
 def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threads: int) -> None:
+    # Ctrl-C is the parent's: it stops the workers and reports what completed (runner.py spawns this
+    # process with SIGINT ignored already; this keeps it so wherever the parent could not)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(env)
     import torch
 

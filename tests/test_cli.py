@@ -193,7 +193,7 @@ def test_out_of_memory_cells_are_recognised_for_a_lone_rerun():
 def test_pytest_benchmark_items_record_history(tmp_path: Path):
     out = tmp_path / "bench.json"
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "tests/test_benchmarks.py", "--harness-bench", "--kernel", "mhc",
+        [sys.executable, "-m", "pytest", "-q", "--harness-bench", "--kernel", "mhc",
          "--backend", "golden", "--harness-device", "cpu", f"--benchmark-json={out}", "-p", "no:cacheprovider"],
         capture_output=True, text=True, timeout=600,
     )
@@ -279,7 +279,7 @@ def test_a_named_backend_that_ran_no_cell_exits_3_with_the_reasons(tmp_path: Pat
 
 
 def test_a_pytest_session_whose_named_backend_ran_no_item_fails_with_the_reasons():
-    base = [sys.executable, "-m", "pytest", "-q", "tests/test_conformance.py", "--kernel", "mhc", "--sizes", "smoke",
+    base = [sys.executable, "-m", "pytest", "-q", "--kernel", "mhc", "--sizes", "smoke",
             "--harness-device", "cpu", "-p", "no:cacheprovider"]
     r = subprocess.run(base + ["--backend", "tilelang"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 3, r.stdout[-3000:]

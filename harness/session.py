@@ -1,0 +1,245 @@
+"""One run session: the request checked and planned, its header, report writer, repro bundles and exit code.
+
+`harness run` and the pytest plugin both go through a :class:`RunSession`, so that the two front doors
+plan the same cells, write the same reports and bundles, and refuse the same runs. How cells are
+executed is an :class:`Executor`'s business: a pool of local worker processes (:class:`LocalPool`, the
+CLI), one worker running a cell at a time (:class:`SingleWorker`, one pytest item per cell), or later
+an executor over a cluster. Every executor reports each finished cell through the same callback.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import registry, runner
+from .records import CellRecord
+
+
+class UsageError(Exception):
+    """Bad arguments: exit code 2 with the message."""
+
+
+class CannotRunHere(Exception):
+    """The request is well formed but nothing of it can run on this machine (exit 3)."""
+
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_TESTED_NOTHING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def checked_device(device: str | None) -> str:
+    """--device as given (cpu, cuda, cuda:N) or the default; anything else is a usage error, and cuda on a
+    machine without a GPU is refused (exit 3) rather than turned into a run of SKIP cells that exits 0."""
+    if device is None:
+        return default_device()
+    if device != "cpu" and device != "cuda" and not re.fullmatch(r"cuda:\d+", device):
+        raise UsageError(f"--device {device!r}: expected cpu, cuda (every visible GPU) or cuda:N")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise CannotRunHere(f"--device {device}: no CUDA device on this machine (torch "
+                                f"{torch.__version__}, torch.cuda.is_available() is False); use --device cpu")
+        n = torch.cuda.device_count()
+        if ":" in device and int(device.split(":")[1]) >= n:
+            raise UsageError(f"--device {device}: this machine has {n} GPU(s), cuda:0 to cuda:{n - 1}")
+    return device
+
+
+def load_plugins(plugins: list[str]) -> None:
+    """Every plugin before anything is planned or judged: a plugin's backends and declarations count."""
+    for p in plugins:
+        try:
+            registry.load_plugin(p)
+        except (FileNotFoundError, ValueError) as e:  # PluginError, RegistrationError included
+            raise UsageError(str(e)) from e
+
+
+@dataclass
+class RunRequest:
+    """What the user asked for, as both front doors take it."""
+
+    kernels: list[str]
+    sizes: str = "smoke"
+    backends: list[str] | None = None
+    dtypes: list[str] | None = None
+    device: str | None = None
+    plugins: list[str] = field(default_factory=list)
+    seed: int = 0
+    repeats: int = 2
+    case_filter: str | None = None
+    report: str | None = "reports"  # None: no report written (pytest without --harness-report)
+    command: str = ""
+
+
+class Executor(ABC):
+    """Runs tasks and hands each finished cell to ``on_cell`` (SKIP cells included), in any order."""
+
+    @abstractmethod
+    def run(self, tasks: list[runner.Task], on_cell: Callable[[CellRecord], None]) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop whatever the executor started (workers); safe to call twice."""
+
+
+@dataclass
+class LocalPool(Executor):
+    """Worker processes on this machine, one or more per GPU (runner.run): a crash or hang costs one cell."""
+
+    plugins: list[str]
+    workers: int | None = None
+    timeout: float = 300.0
+    durations: dict = field(default_factory=dict)
+    peaks: dict = field(default_factory=dict)
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def run(self, tasks: list[runner.Task], on_cell: Callable[[CellRecord], None]) -> None:
+        runner.run(runner.Plan(tasks=tasks), self.plugins, on_cell, workers=self.workers, timeout=self.timeout,
+                   durations=self.durations, stats=self.stats, peaks=self.peaks)
+
+    def close(self) -> None:
+        """Nothing outlives run(): runner.run stops its workers before it returns, or on Ctrl-C."""
+
+
+class SingleWorker(Executor):
+    """One persistent worker process running one cell at a time (a pytest item per cell)."""
+
+    def __init__(self, device: str, plugins: list[str], timeout: float = 300.0, gpu: int | None = None):
+        self.cells = runner.CellExecutor(device, plugins, timeout, gpu=gpu)
+
+    def run(self, tasks: list[runner.Task], on_cell: Callable[[CellRecord], None]) -> None:
+        for t in tasks:
+            on_cell(self.cells.run(t))
+
+    def close(self) -> None:
+        self.cells.close()
+
+
+class RunSession:
+    """A checked, planned run: plugins loaded, device checked, cells planned; then cells recorded as they
+    finish, the report rendered, bundles saved and the exit code decided, the same way for every front door.
+    Construction raises UsageError / CannotRunHere for a request that cannot run as asked."""
+
+    def __init__(self, req: RunRequest, extra_tasks: Callable[[runner.Plan, str], list[runner.Task]] | None = None):
+        self.req = req
+        self.device = checked_device(req.device)
+        load_plugins(req.plugins)
+        try:
+            self.plan = runner.plan(req.kernels, req.sizes, req.backends, req.dtypes, self.device, req.seed,
+                                    req.repeats, case_filter=req.case_filter)
+        except (KeyError, ValueError) as e:
+            raise UsageError(str(e.args[0]) if e.args else str(e)) from e
+        if extra_tasks is not None:
+            self.plan.tasks += extra_tasks(self.plan, self.device)
+        if not self.plan.tasks:
+            raise UsageError("nothing to run: no cases matched")
+        from .provenance import device_class
+
+        self.device_class = device_class(self.device)
+        self.header = self._header()
+        self.results: list[CellRecord] = []
+        self.writer: Any = None
+
+    def _header(self) -> dict[str, Any]:
+        from . import report
+        from .provenance import backend_provenance, run_provenance
+
+        h = run_provenance(self.device)
+        h["run_id"] = uuid.uuid4().hex[:10]
+        h["command"] = self.req.command
+        h["sizes"] = self.req.sizes
+        h["case_filter"] = self.req.case_filter  # a filtered run plans part of the preset (report._drop_unplanned)
+        h["backends"] = {
+            f"{t.operator}/{t.backend}": backend_provenance(
+                registry.get_backend(t.operator, t.backend).source_files())
+            for t in self.plan.tasks
+        }
+        # the cells this run means to produce, per operator: a report of a run stopped midway lists the rest
+        h["planned"] = {}
+        for t in self.plan.tasks:
+            h["planned"].setdefault(t.operator, []).append(report.planned_key(t.backend, t.dtype, t.case.name))
+        return h
+
+    @property
+    def report_dir(self) -> Path | None:
+        return Path(self.req.report) / self.device_class if self.req.report else None
+
+    def begin(self) -> None:
+        """Open the report: each operator's run header goes to its JSONL now, and the markdown is redrawn at
+        once, so that a run killed before its end leaves a report that says it is incomplete (not the last
+        run's tables, looking current)."""
+        if not self.req.report:
+            return
+        from .report import ReportWriter
+
+        self.writer = ReportWriter(self.req.report, self.device_class, self.header)
+        self.writer.begin(sorted({t.operator for t in self.plan.tasks}))
+
+    def record(self, cell: CellRecord) -> None:
+        self.results.append(cell)
+        if self.writer is not None:
+            self.writer.append(cell)
+
+    def execute(self, executor: Executor, on_cell: Callable[[CellRecord], None] | None = None) -> None:
+        """Run every planned task; a KeyboardInterrupt stops the executor and propagates (see interrupted())."""
+
+        def done(cell: CellRecord) -> None:
+            self.record(cell)
+            if on_cell is not None:
+                on_cell(cell)
+
+        try:
+            executor.run(self.plan.tasks, done)
+        finally:
+            executor.close()
+
+    def render(self) -> list[Path]:
+        return self.writer.render() if self.writer is not None else []
+
+    def exit_code(self) -> int:
+        return runner.exit_code(self.results, self.plan.explicit, self.device_class, self.plugin_backends())
+
+    def not_run(self) -> list[str]:
+        """Why a run that exits 3 tested nothing (for the terminal)."""
+        return runner.not_run(self.results, self.plan.explicit, self.plugin_backends())
+
+    def plugin_backends(self) -> list[str]:
+        return sorted({t.backend for t in self.plan.tasks
+                       if registry.get_backend(t.operator, t.backend).origin.startswith("plugin:")})
+
+    def save_repro(self, cell: CellRecord) -> Path:
+        from .repro import save_bundle
+
+        return save_bundle(cell, self.req.report or "reports", registry.plugins_loaded())
+
+    def resume_command(self) -> str:
+        """The command that finishes this run: the same arguments with --resume."""
+        cmd = self.req.command or "harness run"
+        return cmd if "--resume" in cmd.split() else f"{cmd} --resume"
+
+    def interrupted(self, out: Any = sys.stdout) -> int:
+        """After Ctrl-C: what completed, the report drawn from it, and how to finish (exit 130)."""
+        planned = len(self.plan.tasks)
+        print(f"\ninterrupted: workers stopped; {len(self.results)} of {planned} cells completed", file=out)
+        paths = self.render()
+        if self.results:
+            from .report import terminal_summary
+
+            print(terminal_summary(self.results, self.device_class), file=out)
+        if paths:
+            print("reports (marked incomplete): " + ", ".join(str(p) for p in paths if p.suffix == ".md"), file=out)
+        print(f"to run the {planned - len(self.results)} remaining cells: {self.resume_command()}", file=out)
+        return EXIT_INTERRUPTED
