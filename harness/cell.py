@@ -57,20 +57,25 @@ def _same(a: Tensor, b: Tensor) -> bool:
 
 
 def call_backend(
-    op: OperatorSpec, backend: Backend, inputs: Inputs, grad_outputs: dict[str, Tensor], device: str
+    op: OperatorSpec, backend: Backend, inputs: Inputs, grad_outputs: dict[str, Tensor], device: str,
+    returned: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run the backend once on fresh inputs under poisoned allocations; report contract data."""
+    """Run the backend once on fresh inputs under poisoned allocations; report contract data. ``returned``
+    gets how the backend returned its outputs (and a backward its gradients): see _returned."""
     fwd, bwd = backend.resolve()
     before = {k: _fingerprint(v) for k, v in inputs.tensors.items()}
     g_before = {k: _fingerprint(v) for k, v in grad_outputs.items()}
     options = {**inputs.options, **backend.options}
     with PoisonedAllocations() as poison:
+        note = {} if returned is None else returned
         if bwd is None:
-            outs, grads = evaluate(op, fwd, inputs.tensors, options, grad_outputs)
+            outs, grads = evaluate(op, _noting(fwd, note), inputs.tensors, options, grad_outputs)
         else:
             outs, saved = fwd(**inputs.tensors, **options)
+            note["outputs"] = _returned(outs)
             outs = as_dict(op, outs)
             grads = bwd(saved, grad_outputs)
+            note["grads"] = _returned(grads)
         _sync(device)
     modified = [k for k, v in inputs.tensors.items() if isinstance(v, Tensor) and not _same(v.detach(), before[k])]
     modified += [f"grad of {k}" for k, v in grad_outputs.items() if not _same(v, g_before[k])]
@@ -87,6 +92,37 @@ def call_backend(
     }
 
 
+def _noting(fwd: Callable, note: dict[str, Any]) -> Callable:
+    """``fwd``, noting how it returned its outputs before the harness reads them by name or position."""
+    def call(**kw: Any) -> Any:
+        outs = fwd(**kw)
+        note["outputs"] = _returned(outs)
+        return outs
+    return call
+
+
+def _returned(x: Any) -> dict[str, Any]:
+    """How a backend returned its outputs or gradients: a dict's keys, else the type and length."""
+    if isinstance(x, dict):
+        return {"type": "dict", "keys": [str(k) for k in x]}
+    n = 1 if isinstance(x, Tensor) else len(x) if isinstance(x, (tuple, list)) else None
+    return {"type": type(x).__name__, "count": n}
+
+
+def _unexpected(op: OperatorSpec, note: dict[str, Any], outputs: list[str]) -> dict[str, Any] | None:
+    """What of ``note`` differs from the case's ``outputs`` (in the operator's order) or names no
+    differentiable input. The harness reads outputs by name or position and drops the rest, so only this
+    records an extra key or a tuple of the wrong length (`harness check` explains them)."""
+    out: dict[str, Any] = {}
+    o = note.get("outputs")
+    if o is not None and (set(o["keys"]) != set(outputs) if "keys" in o else o["count"] != len(outputs)):
+        out["outputs"] = {**o, "expected": outputs}
+    g = note.get("grads")
+    if g is not None and not set(g.get("keys", op.differentiable)) <= set(op.differentiable):
+        out["grads"] = g
+    return out or None
+
+
 def call_microbatched(
     op: OperatorSpec,
     backend: Backend,
@@ -96,6 +132,7 @@ def call_microbatched(
     seed: int,
     case: Case,
     device: str,
+    returned: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The microbatch property: K unequal parts, each with the global normalizer; recombined."""
     mb = op.microbatch
@@ -107,7 +144,7 @@ def call_microbatched(
             n: (t.detach().clone() if isinstance(t, Tensor) and t.is_floating_point() else t)
             for n, t in part.tensors.items()
         }
-        runs.append(call_backend(op, backend, Inputs(tensors, part.options), g, device))
+        runs.append(call_backend(op, backend, Inputs(tensors, part.options), g, device, returned))
     combined: dict[str, Any] = {
         "outs": {},
         "grads": {},
@@ -224,17 +261,22 @@ def run_cell(
         shapes = {k: tuple(v.shape) for k, v in ref["o_out"].items()}
         return inp, gen_grad_outputs(op, case, seed, inp.tensors, shapes, ref["contract"], device)
 
+    returned: dict[str, Any] = {}
+
     def once() -> dict[str, Any]:
         inp, g = fresh()
         if case.microbatches > 1:
-            return call_microbatched(op, backend, inp, g, case.microbatches, seed, case, device)
-        return call_backend(op, backend, inp, g, device)
+            return call_microbatched(op, backend, inp, g, case.microbatches, seed, case, device, returned)
+        return call_backend(op, backend, inp, g, device, returned)
 
     t1 = time.time()
+    outputs = [n for n in op.outputs if n in ref["o_out"]]
     try:
         got = once()
     except OutputMismatch as e:
+        cell.returned = _unexpected(op, returned, outputs)
         return _output_mismatch(op, cell, e)
+    cell.returned = _unexpected(op, returned, outputs)
     cell.backend_s = round(time.time() - t1, 4)
     impl = got.pop("impl")
     try:

@@ -1,4 +1,4 @@
-"""`harness` command line: run, list, report, mutants, bench, repro."""
+"""`harness` command line: run, list, report, mutants, bench, repro, check."""
 
 from __future__ import annotations
 
@@ -379,6 +379,12 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--strict", action="store_true",
                    help="exit with status 1 when a declared speed or memory target is missed")
     b.set_defaults(fn=cmd_bench)
+
+    from . import check
+
+    ck = sub.add_parser("check", help="check an adapter on one tiny case per backend, explaining its mistakes")
+    check.add_arguments(ck)
+    ck.set_defaults(fn=check.run)
 
     rr = sub.add_parser("repro", help="replay a saved failure bundle")
     rr.add_argument("bundle")

@@ -264,6 +264,11 @@ class CellRecord:
     kink_marked: int | None = None
     microbatch: dict[str, Any] | None = None
     impl_file: dict[str, Any] | None = None
+    # how the backend returned its outputs where that differs from the case's outputs ("expected", in the
+    # operator's order), and a backward's gradients where a key names no differentiable input:
+    # {"outputs": {"type": "dict", "keys": [...], "expected": [...]} or {"type": "tuple", "count": n, ...},
+    #  "grads": {"type": "dict", "keys": [...]}}; None when both are as expected
+    returned: dict[str, Any] | None = None
     inputs_sha256: str | None = None
     inputs_bytes: int | None = None
     reference_s: float | None = None
