@@ -93,7 +93,12 @@ def gen_inputs(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int, devi
 
 
 def output_contract(op: OperatorSpec, tensors: dict[str, Tensor | None]) -> dict[str, torch.dtype]:
-    return op.output_dtypes(tensors) if op.output_dtypes else {}
+    """The dtype each output must have: the operator's ``output_dtypes``, by default every output in the
+    dtype of its dtype tensor (without a contract, an output would be held to the oracle's float64)."""
+    if op.output_dtypes is not None:
+        return op.output_dtypes(tensors)
+    src = tensors.get(op.dtype_tensor)
+    return {name: src.dtype for name in op.outputs} if isinstance(src, Tensor) else {}
 
 
 def gen_grad_outputs(
@@ -125,7 +130,8 @@ def _make_grad_outputs(op: OperatorSpec, case: Case, seed: int, tensors: dict, s
             continue
         lay = layout.get(name, "contiguous") if isinstance(layout, dict) else layout
         shape = shapes[name]
-        if len(shape) == 0 or (lay.startswith("perm") and lay.count(",") + 1 != len(shape)):
+        if len(shape) == 0 or (lay.startswith("perm") and lay.count(",") + 1 != len(shape)) or \
+                (lay == "transposed" and len(shape) < 2):
             lay = "contiguous"
         values = randn(shape, gen, dtypes.get(name, torch.float32))
         if case.params.get("grad_ones"):  # the plain loss.backward() path some kernels special-case

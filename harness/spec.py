@@ -130,7 +130,20 @@ class MicrobatchSpec:
 
 @dataclass
 class OperatorSpec:
-    """Everything the engine needs to know about one operator."""
+    """Everything the engine needs to know about one operator.
+
+    Defaults for operators written outside the repository (``harness run --plugin my_op.py``):
+
+    - ``output_dtypes`` None: every output takes the dtype of the input named by ``dtype_input`` (when
+      that is empty, the first differentiable input).
+    - ``components`` empty: one component per output (named like it, ``out:NAME``) and one per
+      differentiable input's gradient (``dNAME``, ``grad:NAME``), each localized along the dimensions
+      that ``dims`` names for its tensor: ``dims={"x": ("row", "feature"), "w": ("feature",),
+      "y": ("row", "feature")}`` gives ``dx`` the axes ``row`` (dim 0) and ``feature`` (dim 1).
+      ``dim_blocks`` maps a dimension name to the key of the backend's ``blocks`` that tiles it
+      (``{"feature": "BLOCK"}``: errors along ``feature`` are grouped in blocks of ``Backend.blocks["BLOCK"]``).
+      A tensor that ``dims`` does not name is judged whole, without localization.
+    """
 
     name: str
     inputs: tuple[str, ...]
@@ -140,7 +153,8 @@ class OperatorSpec:
     graded_outputs: tuple[str, ...]
     reference: Callable[..., dict[str, Tensor]]
     make_inputs: Callable[[Case, torch.dtype, torch.Generator, str], Inputs]
-    components: tuple[Component, ...]
+    # keyword-only so that it may default (empty: derived from outputs, differentiable and dims)
+    components: tuple[Component, ...] = field(default=(), kw_only=True)
     presets: dict[str, Callable[[str], list[Case]]]
     aliases: tuple[str, ...] = ()
     # which input carries "the case dtype" (x, q, logits, hidden); reported in tables
@@ -148,8 +162,13 @@ class OperatorSpec:
     dtypes: dict[str, tuple[str, ...]] = field(
         default_factory=lambda: {"cpu": ("float32", "float16"), "cuda": ("float32", "bfloat16", "float16")}
     )
-    # contract dtype of each output, from the (rounded) inputs; gradients take their input's dtype
+    # contract dtype of each output, from the (rounded) inputs; gradients take their input's dtype.
+    # None: each output takes the dtype of the dtype tensor (see dtype_tensor)
     output_dtypes: Callable[[dict[str, Tensor]], dict[str, torch.dtype]] | None = None
+    # named dimensions of each input and output, for the default components' localization axes
+    dims: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # dimension name -> the key of Backend.blocks whose size tiles that dimension
+    dim_blocks: dict[str, str] = field(default_factory=dict)
     # upstream gradients; default: randn in each graded output's dtype, layout from params["grad_layout"]
     make_grad_outputs: Callable[[dict[str, Tensor], Case, torch.Generator, str], dict[str, Tensor]] | None = None
     # elementwise allowance per component for inputs on a non-differentiable point
@@ -170,6 +189,20 @@ class OperatorSpec:
     baseline: str = "torch"
     doc: str = ""
 
+    def __post_init__(self) -> None:
+        if self.components:
+            # (components equal to the derived ones: a dataclasses.replace() of a spec that had them derived)
+            if (self.dims or self.dim_blocks) and self.components != default_components(self):
+                raise ValueError(f"operator {self.name!r}: dims/dim_blocks derive the default components only; "
+                                 "with components given, put the axes in them (Axis(name, dim, block=...))")
+            return
+        self.components = default_components(self)
+
+    @property
+    def dtype_tensor(self) -> str:
+        """The input whose dtype is the case dtype: ``dtype_input``, else the first differentiable input."""
+        return self.dtype_input or (self.differentiable[0] if self.differentiable else "")
+
     def component(self, name: str) -> Component:
         for c in self.components:
             if c.name == name:
@@ -183,6 +216,55 @@ class OperatorSpec:
         if preset not in self.presets:
             raise KeyError(f"operator {self.name!r} has no preset {preset!r}; presets: {', '.join(self.presets)}")
         return self.presets[preset](device)
+
+
+def default_components(op: OperatorSpec) -> tuple[Component, ...]:
+    """Each output and each differentiable input's gradient, with axes from ``op.dims`` and
+    ``op.dim_blocks`` (see OperatorSpec); a misspelled tensor or dimension name is an error."""
+    where = f"operator {op.name!r}"
+    for t, names in op.dims.items():
+        if t not in op.inputs and t not in op.outputs:
+            raise ValueError(f"{where}: dims names {t!r}, which is neither an input ({', '.join(op.inputs)}) "
+                             f"nor an output ({', '.join(op.outputs)})")
+        if isinstance(names, str) or len(set(names)) != len(names):
+            raise ValueError(f"{where}: dims[{t!r}] = {names!r}: expected a tuple of distinct dimension names, "
+                             "one per dimension of the tensor")
+    known = {d for names in op.dims.values() for d in names}
+    for d in op.dim_blocks:
+        if d not in known:
+            raise ValueError(f"{where}: dim_blocks names dimension {d!r}, which no tensor in dims has "
+                             f"({', '.join(sorted(known)) or 'dims is empty'})")
+
+    def axes(t: str) -> tuple[Axis, ...]:
+        return tuple(Axis(d, i, block=op.dim_blocks.get(d)) for i, d in enumerate(op.dims.get(t, ())))
+
+    comps = [Component(o, "out:" + o, None, axes(o)) for o in op.outputs]
+    comps += [Component("d" + x, "grad:" + x, None, axes(x)) for x in op.differentiable]
+    names = [c.name for c in comps]
+    clash = sorted({n for n in names if names.count(n) > 1})
+    if clash:
+        raise ValueError(f"{where}: the default components would share the name(s) {', '.join(clash)} (an output "
+                         "named like an input's gradient); give components=(...) explicitly")
+    return tuple(comps)
+
+
+def named_cases(*params: dict[str, Any], tags: tuple[str, ...] = ()) -> list[Case]:
+    """Cases named after their parameters, for presets written as lists of dicts:
+    ``{"rows": 7, "features": 100, "layout": "stride:2"}`` -> ``rows7-features100-layout=stride2``."""
+
+    def part(k: str, v: Any) -> str:
+        if isinstance(v, str):
+            return k + "=" + "".join(ch for ch in v if ch.isalnum() or ch in "._")
+        if isinstance(v, bool):
+            return k if v else "no-" + k
+        return f"{k}{v}"
+
+    out = [Case("-".join(part(k, v) for k, v in p.items()), dict(p), tuple(tags)) for p in params]
+    names = [c.name for c in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"named_cases: the same parameters twice ({', '.join(twice)}); each case needs its own")
+    return out
 
 
 def dtype_of(name: str) -> torch.dtype:
