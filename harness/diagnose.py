@@ -257,8 +257,12 @@ def _nonfinite(fig: ComponentFigures) -> list[Hint]:
         hints.append(Hint("never-written", f"never written: {fig.mismatch_nan} NaN(s) left in a buffer the "
                                            "harness allocated NaN-poisoned"))
     elif fig.mismatch_nan:
-        hints.append(Hint("nan", f"NaN where the oracle is finite ({fig.mismatch_nan}): produced by the "
-                                 "computation (inf - inf or 0 * inf after an overflow, 0/0, or a read past a mask)"))
+        # every allocation made during the backend's call is NaN-filled, so NaN also comes from reading a
+        # scratch buffer (torch.empty) that the kernel never wrote in part: the figures cannot tell which
+        hints.append(Hint("nan", f"NaN where the oracle is finite ({fig.mismatch_nan}): read from memory never "
+                                 "written (the harness fills each allocation made during the call with NaN, e.g. a "
+                                 "torch.empty scratch buffer partly stored), a read past a mask, or produced by the "
+                                 "computation (inf - inf or 0 * inf after an overflow, 0/0)"))
     if not hints:
         hints.append(Hint("nonfinite", "NaN/Inf positions differ from the oracle's (the oracle is not finite "
                                        "where the backend is)"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from . import registry, runner
+from . import registry, runner  # imported only once a harness option asked for these items
 
 
 def test_conformance(harness_cell: runner.Task, request: pytest.FixtureRequest) -> None:

@@ -22,13 +22,16 @@ import argparse
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from . import registry, runner
-from .records import CellRecord
-from .spec import as_list
+if TYPE_CHECKING:
+    from . import runner
+    from .records import CellRecord
+
+# Nothing of the harness (torch, triton) is imported until a harness option is given: installed, this
+# plugin loads in every pytest run of the environment, and must cost an unrelated project nothing.
 
 # canonical option -> the short name the README uses, registered where it is free
 SHORT_NAMES = {"--harness-backend": "--backend", "--harness-kernel": "--kernel", "--harness-sizes": "--sizes",
@@ -100,6 +103,12 @@ def add_short_names(parser: pytest.Parser) -> list[str]:
     return added
 
 
+def as_list(x: Any) -> list[str]:
+    from .spec import as_list as split
+
+    return split(x)
+
+
 def harness_mode(config: pytest.Config) -> bool:
     """Whether a harness option was given (only then are conformance items collected)."""
     return any(config.getoption(d, None) not in (None, [], False) for d in HARNESS_OPTIONS)
@@ -142,6 +151,7 @@ class PytestRun:
             cell = t.failed("SKIP", t.skip)
         else:
             if self.executor is None:
+                from . import registry
                 from .session import SingleWorker
 
                 self.session.begin()
@@ -158,6 +168,7 @@ class PytestRun:
             cache = getattr(self.config, "cache", None)
             root = str(cache.mkdir("harness")) if cache is not None else tempfile.mkdtemp(prefix="harness-")
         try:
+            from . import registry
             from .repro import save_bundle
 
             return save_bundle(cell, root, registry.plugins_loaded())
@@ -282,6 +293,7 @@ def _gpu_for_xdist_worker() -> int | None:
 
 def _bench_params(cfg: pytest.Config) -> tuple[list, list[str]]:
     """(operator, backend, case, dtype, device) per pytest-benchmark item, as `harness bench` picks them."""
+    from . import registry
     from .bench import cases_for
 
     device = _device(cfg)

@@ -314,9 +314,11 @@ def _exec_plugin(spec: str) -> None:
     if not p.exists():
         raise FileNotFoundError(f"--plugin {spec!r}: no such file")
     name = "harness_plugin_" + p.stem + "_" + str(abs(hash(str(p.resolve()))) % 10**8)
-    folder = str(p.resolve().parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)  # the adapter's own modules, beside it
+    folder = p.resolve().parent
+    if str(folder) in sys.path:
+        sys.path.remove(str(folder))
+    sys.path.insert(0, str(folder))  # the adapter's own modules, beside it, before any other plugin's
+    shadowed = _set_aside(folder, spec)
     mspec = importlib.util.spec_from_file_location(name, p)
     assert mspec is not None and mspec.loader is not None
     mod = importlib.util.module_from_spec(mspec)
@@ -329,6 +331,44 @@ def _exec_plugin(spec: str) -> None:
     except Exception as e:  # noqa: BLE001 - an import or registration error inside the plugin, named
         sys.modules.pop(name, None)
         raise PluginError(f"--plugin {spec}: {_where(e, str(p.resolve()))}{type(e).__name__}: {e}") from e
+    finally:
+        # the earlier plugin's modules keep their plain names; this plugin's objects hold on to its own
+        sys.modules.update(shadowed)
+        _PLUGIN_FOLDERS.add(folder)
+
+
+# folders of the plugin files loaded so far: their modules beside them are imported by plain name
+_PLUGIN_FOLDERS: set[Path] = set()
+
+
+def _folder_of(mod: Any) -> Path | None:
+    f = getattr(mod, "__file__", None)
+    if not f:
+        return None
+    path = Path(f).resolve()
+    return path.parent.parent if path.name == "__init__.py" else path.parent
+
+
+def _set_aside(folder: Path, spec: str) -> dict[str, Any]:
+    """Modules beside this plugin whose plain names another plugin's modules hold already (two adapters each
+    with a kernels.py): taken out of sys.modules while this plugin loads, so that its `import kernels` gets
+    its own file, then put back. A name held by an installed or standard module cannot be set aside safely:
+    a warning names it."""
+    local = {f.stem for f in folder.glob("*.py")} - {"conftest"}  # pytest's own business
+    local |= {d.name for d in folder.iterdir() if d.is_dir() and (d / "__init__.py").is_file()}
+    aside = {}
+    for n in sorted(local):
+        held = sys.modules.get(n)
+        where = _folder_of(held) if held is not None else None
+        if held is None or where == folder:
+            continue
+        if where in _PLUGIN_FOLDERS:
+            aside[n] = sys.modules.pop(n)
+        else:
+            log.warning("--plugin %s: %s beside it is hidden by the module %r already imported from %s; a "
+                        "plain `import %s` in the plugin gets that one: rename the file", spec,
+                        f"{n}.py" if (folder / f"{n}.py").exists() else f"{n}/", n, getattr(held, "__file__", "?"), n)
+    return aside
 
 
 def _where(e: BaseException, file: str | None) -> str:

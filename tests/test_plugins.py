@@ -70,3 +70,17 @@ def test_a_name_taken_is_an_error_unless_the_plugin_says_it_replaces_it(tmp_path
     golden = next(line for line in r.stdout.splitlines() if line.strip().startswith("- golden"))
     assert f"plugin:{plugin}" in golden  # harness list shows which one runs, and where it came from
     assert "replaces the one registered by in-tree" in r.stderr
+
+
+def test_two_plugins_each_with_a_kernels_module_get_their_own(tmp_path: Path):
+    plugins = []
+    for who in ("alice", "bob"):
+        folder = tmp_path / who
+        folder.mkdir()
+        _write(folder, "kernels.py", f"WHO = {who!r}\n")
+        plugins += ["--plugin", str(_write(folder, "adapter.py", ADAPTER.format(
+            extra="import kernels", op="mhc_pre", name=who, more=", description='kernels of ' + kernels.WHO")))]
+    r = harness("list", "--device", "cpu", *plugins)
+    assert r.returncode == 0, r.stderr
+    assert "alice" in r.stdout and "kernels of alice" in r.stdout
+    assert "kernels of bob" in r.stdout, r.stdout  # not alice's module under bob's name

@@ -1,0 +1,71 @@
+"""Interrupts and kills: what completed is kept, the report says the run is incomplete, the user is told how to
+finish it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SLEEPY = ROOT / "tests" / "plugins" / "misbehaving.py"
+
+
+def start(tmp_path: Path, *args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "harness", "run", "--kernel", "mhc", "--sizes", "smoke", "--device", "cpu",
+           "--report", str(tmp_path), "--no-progress", *args]
+    # a session of its own: the signal goes to the whole process group, as Ctrl-C on a terminal does
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                            start_new_session=True)
+
+
+def cells_in(jsonl: Path) -> int:
+    return sum(1 for line in jsonl.read_text().splitlines() if line.startswith('{"schema"')) if jsonl.exists() else 0
+
+
+def wait_for(pred, timeout: float = 240.0) -> None:
+    t0 = time.time()
+    while not pred():
+        assert time.time() - t0 < timeout, "timed out waiting"
+        time.sleep(0.5)
+
+
+def test_ctrl_c_stops_workers_keeps_what_completed_and_prints_the_resume_command(tmp_path: Path):
+    # golden's cells finish quickly; "sleeps" hangs in its cell until the interrupt
+    p = start(tmp_path, "--backend", "golden,sleeps", "--plugin", str(SLEEPY), "--dtype", "float32",
+              "--workers", "1", "--timeout", "600")
+    jsonl = tmp_path / "cpu" / "mhc_pre.jsonl"
+    wait_for(lambda: cells_in(jsonl) >= 1)
+    time.sleep(1.0)
+    os.killpg(p.pid, signal.SIGINT)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 130, out
+    assert "Traceback" not in out, out
+    assert "interrupted: workers stopped;" in out and " cells completed" in out
+    assert "to run the " in out and " remaining cells: harness run --kernel mhc" in out and out.rstrip().endswith(
+        "--resume"), out
+    md = (tmp_path / "cpu" / "mhc_pre.md").read_text()
+    assert "**Incomplete:" in md
+    # no worker outlived the interrupt
+    time.sleep(1.0)
+    left = subprocess.run(["pgrep", "-f", f"--report {tmp_path}"], capture_output=True, text=True).stdout.split()
+    assert not left, left
+
+
+def test_a_killed_run_leaves_its_report_marked_incomplete_not_stale(tmp_path: Path):
+    r = subprocess.run([sys.executable, "-m", "harness", "run", "--kernel", "mhc", "--sizes", "smoke", "--device",
+                        "cpu", "--backend", "golden", "--dtype", "float32", "--report", str(tmp_path),
+                        "--no-progress"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    md = tmp_path / "cpu" / "mhc_pre.md"
+    assert "**Incomplete:" not in md.read_text()
+    p = start(tmp_path, "--backend", "golden,sleeps", "--plugin", str(SLEEPY), "--dtype", "float32",
+              "--workers", "1", "--timeout", "600")
+    wait_for(lambda: "**Incomplete:" in md.read_text())
+    os.killpg(p.pid, signal.SIGKILL)
+    p.communicate(timeout=60)
+    text = md.read_text()
+    assert "**Incomplete:" in text and "or is still running; `--resume` runs them" in text, text[:2000]
