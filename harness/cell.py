@@ -316,10 +316,10 @@ def run_cell(
 
 
 def _output_mismatch(op: OperatorSpec, cell: CellRecord, e: OutputMismatch) -> CellRecord:
-    """SHAPE: an output missing or misshapen (checked before autograd sees it); its gradients are not
-    judged, since no upstream gradient could be applied."""
+    """SHAPE: an output missing or misshapen (checked before autograd sees it; its gradients are not judged,
+    since no upstream gradient could be applied), or a gradient its autograd.Function returned misshapen."""
     cell.components = [ComponentFigures(c.name, kind="shape", expected=e.expected, got=e.got)
-                       for c in op.components if c.source == "out:" + e.name]
+                       for c in op.components if c.source == e.source]
     cell.status = Status.SHAPE
     cell.notes.append(f"{e}: gradients not judged")
     return cell

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -173,19 +174,49 @@ def evaluate(
     names = list(leaves)
     if not pairs or not names:
         return outs, {n: None for n in names}
-    grads = torch.autograd.grad(
-        [o for o, _ in pairs], [leaves[n] for n in names], [g.to(o.dtype) for o, g in pairs], allow_unused=True
-    )
+    try:
+        grads = torch.autograd.grad(
+            [o for o, _ in pairs], [leaves[n] for n in names], [g.to(o.dtype) for o, g in pairs], allow_unused=True
+        )
+    except RuntimeError as e:
+        bad = _invalid_gradient(str(e), leaves)
+        if bad is None:
+            raise
+        raise bad from e
     return outs, dict(zip(names, grads, strict=True))
+
+
+_INVALID_GRADIENT = re.compile(r"returned an invalid gradient at index (\d+) - got \[([\d, ]*)\] but expected shape "
+                               r"compatible with \[([\d, ]*)\]")
+
+
+def _invalid_gradient(message: str, leaves: dict[str, Tensor]) -> OutputMismatch | None:
+    """A backward (autograd.Function) that returned a gradient shaped unlike its input: autograd refuses it
+    before the harness sees it, so its message is read back into a SHAPE finding (expected vs got), naming
+    the input whose shape was expected when only one input has it."""
+    m = _INVALID_GRADIENT.search(message)
+    if m is None:
+        return None
+    index, got, want = int(m.group(1)), [int(x) for x in m.group(2).split(",") if x.strip()], \
+        [int(x) for x in m.group(3).split(",") if x.strip()]
+    owners = [n for n, t in leaves.items() if list(t.shape) == want]
+    name = owners[0] if len(owners) == 1 else None
+    what = f"input {name!r}" if name else f"the input at index {index} of the backend's autograd.Function"
+    got_text = f"{got}" + (" (the transpose of the expected shape)" if len(got) >= 2 and got[::-1] == want
+                          and got != want else "")
+    return OutputMismatch(name or f"#{index}", f"{want}", got_text, source=f"grad:{name}" if name else "",
+                          what=f"the gradient of {what}")
 
 
 class OutputMismatch(Exception):
     """A backend's output is missing, or shaped unlike the oracle's, so its upstream gradient cannot be
     applied: the cell is SHAPE (expected vs got), not an error inside autograd."""
 
-    def __init__(self, name: str, expected: str, got: str):
-        super().__init__(f"output {name!r}: expected {expected}, got {got}")
+    def __init__(self, name: str, expected: str, got: str, source: str = "", what: str = ""):
+        what = what or f"output {name!r}"
+        super().__init__(f"{what}: expected {expected}, got {got}")
         self.name, self.expected, self.got = name, expected, got
+        self.source = source or f"out:{name}"  # the components it concerns (Component.source)
 
 
 def _check_outputs(outs: dict[str, Any], grad_outputs: dict[str, Tensor]) -> None:

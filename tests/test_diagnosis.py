@@ -214,3 +214,35 @@ def test_a_misshapen_or_missing_output_is_shape_with_expected_and_got():
     j = _run("softmax_xent", _xent_outputs(rename=True), _xent_case("renamed"))
     (c,) = j.failed_components
     assert j.shown == "SHAPE" and "no output 'loss' (returned: los)" in c.reason
+
+
+def test_a_transposed_gradient_from_an_autograd_function_is_shape_not_an_error():
+    """autograd refuses a misshapen gradient before the harness sees it: its refusal becomes SHAPE, naming the
+    input, both shapes and the transpose."""
+    import torch
+
+    from harness.references.softmax_xent import softmax_xent
+
+    class Transposed(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, logits, targets):
+            with torch.enable_grad():
+                x = logits.detach().requires_grad_(True)
+                loss = softmax_xent(x, targets, ignore_index=-100, reduction="sum", label_smoothing=0.0,
+                                    z_loss=0.0)["loss"]
+            ctx.save_for_backward(x, loss)
+            return loss.detach()
+
+        @staticmethod
+        def backward(ctx, g):
+            x, loss = ctx.saved_tensors
+            (dx,) = torch.autograd.grad(loss, x, g)
+            return dx.t().contiguous(), None
+
+    def impl(logits, targets, **options):
+        return {"loss": Transposed.apply(logits, targets)}
+
+    j = _run("softmax_xent", impl, _xent_case("transposed", reduction="sum"))
+    (c,) = j.failed_components
+    assert j.shown == "SHAPE" and c.name == "dlogits", (j.shown, j.record.error)
+    assert c.reason == "expected [16, 40], got [40, 16] (the transpose of the expected shape)", c.reason
