@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from subprocess_env import inner_pytest_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -195,7 +196,7 @@ def test_pytest_benchmark_items_record_history(tmp_path: Path):
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "--harness-bench", "--kernel", "mhc",
          "--backend", "golden", "--harness-device", "cpu", f"--benchmark-json={out}", "-p", "no:cacheprovider"],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=600, env=inner_pytest_env(),
     )
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads(out.read_text())
@@ -281,9 +282,10 @@ def test_a_named_backend_that_ran_no_cell_exits_3_with_the_reasons(tmp_path: Pat
 def test_a_pytest_session_whose_named_backend_ran_no_item_fails_with_the_reasons():
     base = [sys.executable, "-m", "pytest", "-q", "--kernel", "mhc", "--sizes", "smoke",
             "--harness-device", "cpu", "-p", "no:cacheprovider"]
-    r = subprocess.run(base + ["--backend", "tilelang"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(base + ["--backend", "tilelang"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env=inner_pytest_env())
     assert r.returncode == 3, r.stdout[-3000:]
     assert "backend tilelang ran no item: tilelang: runs on cuda only" in r.stdout
     r = subprocess.run(base + ["--backend", "golden", "--harness-dtype", "float32"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=600)
+                       text=True, timeout=600, env=inner_pytest_env())
     assert r.returncode == 0, r.stdout[-3000:]

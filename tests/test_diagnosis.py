@@ -220,7 +220,6 @@ def test_a_transposed_gradient_from_an_autograd_function_is_shape_not_an_error()
     """autograd refuses a misshapen gradient before the harness sees it: its refusal becomes SHAPE, naming the
     input, both shapes and the transpose."""
     import torch
-
     from harness.references.softmax_xent import softmax_xent
 
     class Transposed(torch.autograd.Function):

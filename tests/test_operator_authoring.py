@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from subprocess_env import inner_pytest_env
 
 from harness import Axis, Backend, Case, Component, Inputs, OperatorSpec, layouts, named_cases, place, randn, tensor
 from harness.cell import run_cell
@@ -263,7 +264,7 @@ def test_the_example_through_pytest_plugin_from_outside_the_repository(example: 
            "rmsnorm", "--backend", "example-triton,example-triton-wrong", "--sizes", "sweep", "--harness-device",
            "cpu", "--harness-dtype", "float32"]
     r = subprocess.run(cmd, cwd=example, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "TRITON_INTERPRET": "1"})
+                       env=inner_pytest_env(TRITON_INTERPRET="1"))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "7 failed, 13 passed" in r.stdout, r.stdout[-3000:]
     failed = re.findall(r"FAILED harness::test_conformance\[rmsnorm-(\S+?)-float32-", r.stdout)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from subprocess_env import inner_pytest_env
+
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = ROOT / "tests" / "plugins"
 
@@ -45,7 +47,7 @@ def test_the_installed_harness_plugin_did_not_import_torch():
 
 def pytest_in(folder: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=folder,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=inner_pytest_env())
 
 
 def unrelated_project(tmp_path: Path) -> Path:
