@@ -6,6 +6,7 @@ figures (harness/records.py), never a verdict's wording: reports judge the figur
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import os
@@ -241,6 +242,48 @@ def _determinism(a: dict, b: dict) -> float:
     return spread
 
 
+def _component_spreads(op: OperatorSpec, case: Case, a: dict, b: dict, figures: list[ComponentFigures]) -> None:
+    """Each component's max |run1 - run2| (matching NaNs agree): what a comparison with an earlier run must
+    exceed before it calls a change in error a change in the numerics."""
+    by_name = {f.name: f for f in figures}
+    for c in op.components:
+        fig = by_name.get(c.name)
+        key = "outs" if c.kind == "out" else "grads"
+        v, w = a[key].get(c.tensor_name), b[key].get(c.tensor_name)
+        if fig is None or fig.kind != "figures" or not isinstance(v, Tensor) or not isinstance(w, Tensor):
+            continue
+        v, w = c.select(v.detach(), case.params), c.select(w.detach(), case.params)
+        if v.shape != w.shape:
+            fig.spread = math.inf
+            continue
+        d = (v.double() - w.double()).abs()
+        d = torch.where(torch.isnan(v) & torch.isnan(w), 0.0, d)
+        fig.spread = float(torch.nan_to_num(d, nan=math.inf).max()) if d.numel() else 0.0
+
+
+@functools.cache
+def oracle_code(op_name: str) -> str:
+    """A digest of the code that makes a cell's inputs, oracle and floor: the operator's reference and case
+    modules and harness/oracle.py and inputs.py. Two runs' cells with the same digest, seed and inputs
+    were judged against the same oracle, so a change in their error is the backend's."""
+    import hashlib
+
+    from . import inputs, oracle
+    from .registry import get_operator
+
+    op = get_operator(op_name)
+    files = {inspect.getsourcefile(m) for m in (oracle, inputs)}
+    for fn in (op.reference, op.make_inputs):
+        try:
+            files.add(inspect.getsourcefile(fn))
+        except TypeError:  # a builtin or a C function: no source to hash
+            pass
+    h = hashlib.sha1()
+    for f in sorted(x for x in files if x):
+        h.update(open(f, "rb").read())
+    return h.hexdigest()[:12]
+
+
 def run_cell(
     op: OperatorSpec, backend: Backend, case: Case, dtype_name: str, device: str, seed: int = 0, repeats: int = 2
 ) -> CellRecord:
@@ -295,6 +338,7 @@ def run_cell(
         # the same call again: next to backend_s, what compilation and other first-call costs took
         cell.backend_again_s = round(time.time() - t2, 4)
         again.pop("impl")
+        _component_spreads(op, case, got, again, cell.components)
         spread = _determinism(got, again)
         ok = spread == 0 or not backend.deterministic
         kind = "bitwise" if spread == 0 else "different"
@@ -407,14 +451,19 @@ def safe_run_cell(
 
 
 def _with_input_digest(cell: CellRecord, op: OperatorSpec, case: Case, device: str) -> CellRecord:
-    """The repro bundle of a failing cell names its inputs by digest. Taken here from the worker's own
-    draws, not regenerated later by the parent one cell after another: for the 18 failing cells of
-    a V=128256 sweep that regeneration (13 s each on 2 cores) added over a minute to the run's end.
+    """Every cell names its inputs by digest (a repro bundle checks its replay against it; a comparison with
+    an earlier run needs the same inputs), and the code of its oracle. Taken here from the worker's own
+    draws (cached), not regenerated later by the parent one cell after another: for the 18 failing cells
+    of a V=128256 sweep that regeneration (13 s each on 2 cores) added over a minute to the run's end.
     Not after a device fault, whose CUDA context is gone, nor after running out of memory: the runner
     reruns such a cell, and its draws were just dropped to free the GPU (drawing them again for a
     digest would cost seconds per try)."""
-    if cell.status not in (Status.FAIL, Status.SHAPE, Status.ERROR) or is_oom(cell):
+    if cell.status in (Status.SKIP, Status.CRASH, Status.TIMEOUT) or is_oom(cell):
         return cell
+    try:
+        cell.oracle_code = oracle_code(op.name)
+    except Exception:  # noqa: BLE001 - without it the cell is only "not comparable"
+        pass
     from .repro import input_digest
 
     try:

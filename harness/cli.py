@@ -74,7 +74,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     req = RunRequest(as_list(a.kernel), a.sizes, as_list(a.backend) or None, as_list(a.dtype) or None, a.device,
                      list(a.plugin), a.seed, a.repeats, a.case, a.report,
-                     command="harness " + " ".join(shlex.quote(x) for x in sys.argv[1:]))
+                     command="harness " + " ".join(shlex.quote(x) for x in sys.argv[1:]), compare=a.compare,
+                     compare_fail=a.compare_fail, compare_require=a.compare_require, compare_accept=a.compare_accept)
     extra = (lambda _plan, device: _hypothesis_tasks(a, device)) if a.hypothesis else None
     session = RunSession(req, extra_tasks=extra)
     plan, header, device = session.plan, session.header, session.device
@@ -101,6 +102,10 @@ def cmd_run(a: argparse.Namespace) -> int:
         return session.interrupted()
     if bar is not None:
         bar.close()
+    try:
+        comparison, too_few = session.compare(), None  # before rendering: the report shows it
+    except UsageError as e:  # too few cells compared: the report is still written, then exit 2
+        comparison, too_few = session.comparison, e
     t_render = time.time()
     paths = session.render()
     pool.stats["render_s"] = time.time() - t_render
@@ -118,6 +123,10 @@ def cmd_run(a: argparse.Namespace) -> int:
     if busiest:
         print("cell-seconds by backend (first call / again): " + busiest)
     _save_repros(session)
+    if comparison is not None:
+        print(comparison_summary(comparison))
+    if too_few is not None:
+        raise too_few
     code = session.exit_code()
     if code == 3:
         for why in session.not_run():
@@ -143,6 +152,21 @@ def _recorded(root: str, device: str, tasks: list) -> dict[str, dict]:
                 other = report.recorded(d, ops, fields)
                 rec = {f: rec[f] or other[f] for f in fields}
     return {"durations": rec["duration_s"], "peaks": rec["peak_mem_mb"]}
+
+
+def comparison_summary(comparison) -> str:
+    """The comparison with REF for the terminal: counts, then each regression with both ratios."""
+    lines = [comparison.counts_line()]
+    for c in comparison.regressed:
+        what = "; ".join(ch.text() for ch in c.regressions)
+        tag = "accepted" if comparison.accepted else "REGRESSION"
+        lines.append(f"  {tag} {c.cell.operator}/{c.cell.backend}/{c.cell.dtype}/{c.cell.case.name}: {what} "
+                     f"(REF commit {c.ref_header.get('commit', '?')})")
+    for c in comparison.cells:
+        if c.newly_failing:
+            lines.append(f"  passed in REF, fails now: {c.cell.operator}/{c.cell.backend}/{c.cell.dtype}/"
+                         f"{c.cell.case.name}")
+    return "\n".join(lines)
 
 
 def time_breakdown(stats: dict[str, float]) -> str:
@@ -349,6 +373,15 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--hypothesis", type=int, default=0, metavar="N", help="also run N hypothesis-drawn cases")
     r.add_argument("--resume", action="store_true",
                    help="skip cells that already have a result from a run at this commit (a sweep cut short)")
+    r.add_argument("--compare", default=None, metavar="REF",
+                   help="compare each cell with REF's (a report directory, or a git revision whose committed "
+                        "reports are read): a component whose error ratio grew is a REGRESSION (exit 1)")
+    r.add_argument("--compare-fail", type=float, default=1.5, metavar="X",
+                   help="growth of a ratio (max or rms) that is a regression (default 1.5)")
+    r.add_argument("--compare-require", type=float, default=0.9, metavar="F",
+                   help="least fraction of the run's cells that must be compared, else exit 2 (default 0.9)")
+    r.add_argument("--compare-accept", action="store_true",
+                   help="record an intended change: regressions are listed as accepted and do not fail the run")
     r.set_defaults(fn=cmd_run)
 
     ls = sub.add_parser("list", help="operators, backends and whether each can run here")

@@ -32,6 +32,13 @@ def test_conformance(harness_cell: runner.Task, request: pytest.FixtureRequest) 
         if bundle is not None:
             msg += f"\nrepro: harness repro {bundle}"
         pytest.fail(msg, pytrace=False)
+    cmp = run.compare_cell(cell)
+    if cmp is not None and cmp.regressions:
+        ref = run.session.reference.label
+        pytest.fail(f"{cell.operator} / {cell.backend} / {cell.dtype} / {cell.case.name}: REGRESSION against "
+                    f"{ref} (commit {cmp.ref_header.get('commit', '?')}), inside the bound but worse than "
+                    f"{run.session.req.compare_fail:g}x:\n" + "\n".join("  " + ch.text() for ch in cmp.regressions),
+                    pytrace=False)
 
 
 def test_benchmark(harness_bench_cell: tuple, benchmark) -> None:

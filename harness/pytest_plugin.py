@@ -35,10 +35,10 @@ if TYPE_CHECKING:
 
 # canonical option -> the short name the README uses, registered where it is free
 SHORT_NAMES = {"--harness-backend": "--backend", "--harness-kernel": "--kernel", "--harness-sizes": "--sizes",
-               "--harness-plugin": "--plugin"}
+               "--harness-plugin": "--plugin", "--harness-compare": "--compare"}
 # options whose presence turns the session into a conformance run (dest names)
 HARNESS_OPTIONS = ("harness_backend", "harness_kernel", "harness_sizes", "harness_plugin", "harness_device",
-                   "harness_dtype", "harness_report", "harness_bench")
+                   "harness_dtype", "harness_report", "harness_bench", "harness_compare")
 _RUN = pytest.StashKey["PytestRun"]()
 _STATE: dict[str, Any] = {}
 
@@ -53,6 +53,9 @@ def _option_specs() -> dict[str, dict[str, Any]]:
                                 help="case preset: smoke, sweep or full (default: smoke)"),
         "--harness-plugin": dict(dest="harness_plugin", action="append", default=[],
                                  help="adapter file or module (repeatable)"),
+        "--harness-compare": dict(dest="harness_compare", default=None, metavar="REF",
+                                  help="compare each item's cell with REF's (a report directory or a git revision): "
+                                       "a component whose error ratio grew fails the item as a regression"),
     }
 
 
@@ -64,6 +67,8 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     g.addoption("--harness-dtype", default=None, help="comma-separated dtypes (default: the device's list)")
     g.addoption("--harness-report", default=None, help="also write cells to this report directory")
     g.addoption("--harness-timeout", type=float, default=300.0, help="seconds per cell")
+    g.addoption("--harness-compare-fail", type=float, default=1.5, metavar="X",
+                help="growth of an error ratio that is a regression (default 1.5)")
     g.addoption("--harness-bench", action="store_true", default=None,
                 help="collect pytest-benchmark items instead: forward+backward of each backend on its "
                      "operator's bench cases (smoke-sized on CPU); keep history with --benchmark-autosave")
@@ -138,6 +143,8 @@ class PytestRun:
             plugins=list(config.getoption("harness_plugin")),
             report=config.getoption("harness_report"),
             command="pytest " + " ".join(shlex.quote(str(a)) for a in config.invocation_params.args),
+            compare=config.getoption("harness_compare"),
+            compare_fail=config.getoption("harness_compare_fail"),
         )
         self.session = RunSession(req)
         # pytest-xdist workers of one session share one run id
@@ -174,6 +181,17 @@ class PytestRun:
             return save_bundle(cell, root, registry.plugins_loaded())
         except Exception:  # noqa: BLE001 - the failure itself is what the item must show
             return None
+
+    def compare_cell(self, cell: CellRecord) -> Any:
+        """This item's cell against REF's (None without --harness-compare)."""
+        ref = self.session.reference
+        if ref is None:
+            return None
+        from .compare import compare_cell, compared_as, match_key
+
+        old = ref.cells.get(match_key(cell, compared_as(cell)))
+        return compare_cell(cell, old, self.session.header, ref.header(old) if old else {},
+                            self.session.req.compare_fail, self.session.device_class)
 
     def close(self) -> None:
         if self.executor is not None:
@@ -259,6 +277,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run = session.config.stash.get(_RUN, None)
     if run is None or exitstatus not in (0, pytest.ExitCode.OK) or hasattr(session.config, "workerinput"):
         return  # an xdist worker saw part of the items: the controller decides
+    if run.session.reference is not None and run.session.results:
+        from .session import UsageError
+
+        try:
+            run.session.compare()  # kept beside the report (--harness-report); too few compared: exit 4
+        except UsageError as e:
+            _STATE["compare_error"] = str(e)
+            session.exitstatus = pytest.ExitCode.USAGE_ERROR
+            return
     ran = _STATE.get("ran", {})
     if not ran:
         return
@@ -273,6 +300,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _STATE.get("compare_error"):
+        terminalreporter.write_sep("=", "harness: too few cells compared (exit 4)", red=True)
+        terminalreporter.write_line(f"harness: {_STATE['compare_error']}", red=True)
     msgs = _STATE.get("tested_nothing")
     if msgs:
         terminalreporter.write_sep("=", "harness: tested too little (exit 3)", red=True)

@@ -182,6 +182,9 @@ class ComponentFigures:
     grid: dict[str, Any] | None = None
     expected: str = ""
     got: str = ""
+    # max |run1 - run2| of this component over the determinism re-run (None: not re-run): a comparison with
+    # an earlier run counts only changes beyond this spread (harness/compare.py)
+    spread: float | None = None
     # version-1 cells only: the verdict's bounds as stored, and why figures are missing
     legacy: dict[str, Any] | None = None
 
@@ -210,7 +213,7 @@ class ComponentFigures:
             if f.name in d and f.name not in ("name", "slices"):
                 v = d[f.name]
                 setattr(c, f.name, _num(v) if isinstance(getattr(c, f.name), float) or
-                        f.name in ("lowp_max", "lowp_rms", "naive_rel_rms") and v is not None else v)
+                        f.name in ("lowp_max", "lowp_rms", "naive_rel_rms", "spread") and v is not None else v)
         c.slices = [SliceProfile.from_json(s) for s in d.get("slices", [])]
         return c
 
@@ -271,6 +274,9 @@ class CellRecord:
     returned: dict[str, Any] | None = None
     inputs_sha256: str | None = None
     inputs_bytes: int | None = None
+    # the oracle's and floor's code (the reference's module, the operator's case module, harness/oracle.py):
+    # cells compare across runs only where it and the inputs are the same (harness/compare.py)
+    oracle_code: str | None = None
     reference_s: float | None = None
     backend_s: float | None = None
     backend_again_s: float | None = None

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from .causes import causes
+from .compare import Comparison, load_saved
+from .compare import mark as mark_regressions
 from .judgement import SHOWN, CellJudgement, counts, judge_cell
 from .records import PROFILE_FROM_RATIO, CellRecord
 
@@ -222,8 +224,9 @@ def _main_run(cells: list[CellRecord], runs: dict[str, dict]) -> dict:
 
 
 def render_markdown(op: str, cells: list[CellRecord], runs: dict[str, dict], device_class: str = "",
-                    heat: dict[tuple, str] | None = None) -> str:
+                    heat: dict[tuple, str] | None = None, comparison: Comparison | None = None) -> str:
     judged = [judge_cell(c, device_class=device_class) for c in cells]
+    mark_regressions(judged, comparison)
     main = _main_run(cells, runs) if runs else {}
     latest = latest_run(runs) if runs else {}
     lines = [f"# `{op}` conformance — {main.get('device', '?')}", ""]
@@ -241,6 +244,7 @@ def render_markdown(op: str, cells: list[CellRecord], runs: dict[str, dict], dev
     lines += _missing_section(cells, latest)
     lines += _summary_section(judged, runs)
     lines += _failures_section(judged, runs, main.get("run_id"), heat or {})
+    lines += _compared_section(comparison)
     lines += _declared_section(judged)
     skips = sorted({(j.record.backend, j.record.error) for j in judged if j.shown == "SKIP"})
     if skips:
@@ -342,6 +346,39 @@ def _failures_section(judged: list[CellJudgement], runs: dict[str, dict], main_i
                 lines.append(f"  - contract `{k.name}` violated: {k.detail}")
         lines += [f"  - note: {n}" for n in j.notes]
     return lines + [""]
+
+
+def _compared_section(comparison: Comparison | None) -> list[str]:
+    """Regressions first (with both ratios and both commits), then new failures, improvements and what
+    could not be compared."""
+    if comparison is None:
+        return []
+    lines = [f"## Compared with `{comparison.ref}`", "", comparison.counts_line() + ".", ""]
+    rows = [(c, ch) for c in comparison.regressed for ch in c.regressions]
+    if rows:
+        lines += ["**Regressions**" + (" (accepted)" if comparison.accepted else "") + ":", "",
+                  "| case | backend | dtype | component | ratio | before | now | growth | commits |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for c, ch in rows:
+            lines.append(f"| `{c.cell.case.name}` | {c.cell.backend} | {c.cell.dtype} | {ch.component} | "
+                         f"{ch.metric} | {_fmt(ch.before)} | {_fmt(ch.after)} | {ch.growth:.2f}x | "
+                         f"`{c.ref_header.get('commit', '?')}` -> this run |")
+        lines.append("")
+    new = [c for c in comparison.cells if c.newly_failing]
+    if new:
+        lines += ["Passed in REF and fail now: " + ", ".join(
+            f"`{c.cell.backend}/{c.cell.dtype}/{c.cell.case.name}`" for c in new) + ".", ""]
+    better = [(c, ch) for c in comparison.cells for ch in c.improvements]
+    if better:
+        lines += ["Improved: " + "; ".join(f"`{c.cell.backend}/{c.cell.dtype}/{c.cell.case.name}` {ch.text()}"
+                                           for c, ch in better[:20])
+                  + (f"; and {len(better) - 20} more" if len(better) > 20 else "") + ".", ""]
+    why: dict[str, int] = {}
+    for c in comparison.not_comparable:
+        why[c.why_not] = why.get(c.why_not, 0) + 1
+    if why:
+        lines += ["Not comparable: " + "; ".join(f"{n} cell(s): {w}" for w, n in sorted(why.items())) + ".", ""]
+    return lines
 
 
 def _declared_section(judged: list[CellJudgement]) -> list[str]:
@@ -505,10 +542,12 @@ def render(dir_: Path, op: str) -> list[Path]:
     cells, runs = load(dir_, op)
     if not cells:
         return []
+    comparison = load_saved(dir_, op, cells, runs)
     judged = [judge_cell(c, device_class=dir_.name) for c in cells]
+    mark_regressions(judged, comparison)
     heat = heatmaps(dir_, op, judged)
     md, js = dir_ / f"{op}.md", dir_ / f"{op}.json"
-    atomic_write(md, render_markdown(op, cells, runs, dir_.name, heat))
+    atomic_write(md, render_markdown(op, cells, runs, dir_.name, heat, comparison))
     payload = {
         "operator": op,
         "runs": runs,

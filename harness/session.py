@@ -82,6 +82,11 @@ class RunRequest:
     case_filter: str | None = None
     report: str | None = "reports"  # None: no report written (pytest without --harness-report)
     command: str = ""
+    # --compare REF: a report directory or a git revision (harness/compare.py)
+    compare: str | None = None
+    compare_fail: float = 1.5
+    compare_require: float = 0.9
+    compare_accept: bool = False
 
 
 class Executor(ABC):
@@ -152,6 +157,8 @@ class RunSession:
         self.header = self._header()
         self.results: list[CellRecord] = []
         self.writer: Any = None
+        self.reference = self._reference()
+        self.comparison: Any = None
 
     def _header(self) -> dict[str, Any]:
         from . import report
@@ -172,6 +179,40 @@ class RunSession:
         for t in self.plan.tasks:
             h["planned"].setdefault(t.operator, []).append(report.planned_key(t.backend, t.dtype, t.case.name))
         return h
+
+    def _reference(self) -> Any:
+        """REF's cells, read before anything runs: a REF that cannot be read is a usage error at once."""
+        if not self.req.compare:
+            return None
+        from .compare import CompareError, load_reference
+
+        if not self.req.compare_fail > 1.0:
+            raise UsageError(f"--compare-fail {self.req.compare_fail}: expected a growth factor above 1")
+        self.header["compare"] = {"ref": self.req.compare, "fail": self.req.compare_fail,
+                                  "accepted": self.req.compare_accept}
+        try:
+            return load_reference(self.req.compare, self.device_class, sorted({t.operator for t in self.plan.tasks}))
+        except CompareError as e:
+            raise UsageError(str(e)) from e
+
+    def compare(self) -> Any:
+        """This run's cells against REF, kept beside the report; too few compared cells is a usage error."""
+        if self.reference is None:
+            return None
+        from .compare import CompareError, compare, require, save
+
+        self.comparison = compare(self.results, self.header, self.reference, self.req.compare_fail,
+                                  self.req.compare_accept)
+        if self.writer is not None:
+            save(self.writer.dir, self.comparison, self.header)
+        try:
+            require(self.comparison, self.req.compare_require)
+        except CompareError as e:
+            raise UsageError(str(e)) from e
+        return self.comparison
+
+    def regressed(self) -> bool:
+        return self.comparison is not None and not self.comparison.accepted and bool(self.comparison.regressed)
 
     @property
     def report_dir(self) -> Path | None:
@@ -210,7 +251,8 @@ class RunSession:
         return self.writer.render() if self.writer is not None else []
 
     def exit_code(self) -> int:
-        return runner.exit_code(self.results, self.plan.explicit, self.device_class, self.plugin_backends())
+        code = runner.exit_code(self.results, self.plan.explicit, self.device_class, self.plugin_backends())
+        return EXIT_FAIL if code == EXIT_OK and self.regressed() else code
 
     def not_run(self) -> list[str]:
         """Why a run that exits 3 tested nothing (for the terminal)."""

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from .bench import target_cells
+from .compare import load_saved, mark
 from .judgement import counts, judge_cell
 from .report import atomic_write, latest_run, load
 from .spec import short_dtype
@@ -36,10 +37,12 @@ def _entry(row: dict[str, int]) -> str:
     ran = row["PASS"] + row["XFAIL"] + fail
     if not ran:
         return f"⏭ {row['SKIP']} skip" if row["SKIP"] else ""
-    mark = "❌" if fail else ("⚠️" if row["XFAIL"] else "✅")
-    parts = [f"{mark} {row['PASS']}/{ran}"]
-    if fail:
-        parts.append(f"{fail} fail" + (f" ({row['marginal']} marginal)" if row["marginal"] else ""))
+    sign = "❌" if fail else ("⚠️" if row["XFAIL"] else "✅")
+    parts = [f"{sign} {row['PASS']}/{ran}"]
+    if fail - row["REGRESSION"]:
+        parts.append(f"{fail - row['REGRESSION']} fail" + (f" ({row['marginal']} marginal)" if row["marginal"] else ""))
+    if row["REGRESSION"]:
+        parts.append(f"{row['REGRESSION']} regressed")
     if row["XFAIL"]:
         parts.append(f"{row['XFAIL']} declared")
     return ", ".join(parts)
@@ -59,7 +62,9 @@ def write_status(root: Path) -> Path:
                 f"- `{d.name}`/{j.stem}: {latest.get('device', '?')}, {latest.get('date', '?')}, "
                 f"commit `{latest.get('commit', '?')}`"
             )
-            for (b, dt), row in counts([judge_cell(c, device_class=d.name) for c in cells]).items():
+            judged = [judge_cell(c, device_class=d.name) for c in cells]
+            mark(judged, load_saved(d, j.stem, cells, runs))  # regressions against a --compare reference
+            for (b, dt), row in counts(judged).items():
                 table.setdefault((j.stem, b), {})[(d.name, dt)] = row
                 columns.add((d.name, dt))
     cols = sorted(columns, key=lambda c: (c[0] != "cpu", c[0], ("float32", "bfloat16", "float16").index(c[1])
