@@ -279,6 +279,15 @@ def test_a_named_backend_that_ran_no_cell_exits_3_with_the_reasons(tmp_path: Pat
     assert "tested nothing here: backend tilelang ran no cell: runs on cuda only" in r.stderr
 
 
+def test_a_dtype_that_every_named_backend_skips_is_a_run_that_tested_nothing(tmp_path: Path):
+    # the interpreter's bf16 dot is wrong, so Triton's bf16 cells are judged on the GPU only
+    r = harness("run", "--kernel", "mhc", "--sizes", "smoke", "--case", "tiny", "--backend", "triton",
+                "--device", "cpu", "--dtype", "bfloat16", "--report", str(tmp_path), "--no-progress")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "tested nothing here: no cell ran: every cell was skipped" in r.stderr
+    assert "skipped 1 cell(s) (triton): bf16 tl.dot is wrong in the Triton interpreter" in r.stdout
+
+
 def test_a_pytest_session_whose_named_backend_ran_no_item_fails_with_the_reasons():
     base = [sys.executable, "-m", "pytest", "-q", "--kernel", "mhc", "--sizes", "smoke",
             "--harness-device", "cpu", "-p", "no:cacheprovider"]
