@@ -12,13 +12,19 @@ from harness.cases.fused_linear_xent import C
 
 from harness import Expectation, Mutant, register_mutant
 
+# the dhidden kernel's read of the running sum (the dweight kernel has the same line, already cast)
+_LOAD = "if MODE == 1 or MODE == 3:\n            acc = tl.load(acc_ptr + offs, mask=mask, other=0.0)"
+
 register_mutant(Mutant(
     id="xent-lean-dhidden-half-accum", operator="fused_linear_xent", backend="triton-lean",
     edits=(("wrapper.py", "acc = torch.empty(h.shape, dtype=F32, device=h.device) if n_slabs > 1 else None",
-            "acc = torch.empty(h.shape, dtype=h.dtype, device=h.device) if n_slabs > 1 else None"),),
-    # measured on the CPU (interpreted, 256-entry slabs): dhidden's ratios there grow from 0.14 / 0.259 (max /
-    # rms) to 0.273 / 0.64, inside the bound; 1.95x and 2.47x, so the 1.5x threshold decides
-    expect=(Expectation(C("N64-H8-V1100", 64, 8, 1100, ("size",), ignored=0.2), "float16", status="PASS",
+            "acc = torch.empty(h.shape, dtype=h.dtype, device=h.device) if n_slabs > 1 else None"),
+           # the running sum is read back into the float32 dot (which compiles for float32 accumulators only)
+           # and stored in the input dtype again: one rounding per slab
+           ("kernels.py", _LOAD, _LOAD + ".to(tl.float32)")),
+    # measured on the CPU (interpreted, 256-entry slabs, 5 of them): dhidden's rms ratio grows from 0.268 to
+    # 0.469 (1.75x), inside the bound, its max ratio less than 1.5x: the 1.5x threshold decides
+    expect=(Expectation(C("N7-H16-V1025", 7, 16, 1025, ("size",), ignored=0.2), "float16", status="PASS",
                         passing=("loss", "lse", "dhidden", "dweight", "dbias")),),
     compare_only=True,
     description="dhidden summed over vocabulary slabs in the input dtype instead of float32 (lean mode)"))

@@ -19,7 +19,7 @@ from harness.records import CellRecord
 ROOT = Path(__file__).resolve().parent.parent
 MUTANT = "mutant:xent-lean-dhidden-half-accum"
 # the committed CPU reports hold this cell of the unmutated lean backend, with its input digest and oracle code
-CELL = ["--kernel", "fused_linear_xent", "--sizes", "sweep", "--case", "N64-H8-V1100", "--dtype", "float16",
+CELL = ["--kernel", "fused_linear_xent", "--sizes", "sweep", "--case", "N7-H16-V1025", "--dtype", "float16",
         "--device", "cpu", "--no-progress"]
 
 
@@ -36,7 +36,7 @@ def test_the_half_precision_accumulation_passes_the_bound_and_is_a_regression_ag
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
     assert "1 matched, 0 unmatched, 0 not comparable; 1 regressed" in out
-    m = re.search(rf"REGRESSION fused_linear_xent/{MUTANT}/float16/N64-H8-V1100: (.*)", out)
+    m = re.search(rf"REGRESSION fused_linear_xent/{MUTANT}/float16/N7-H16-V1025: (.*)", out)
     assert m, out
     growth = [float(g) for g in re.findall(r"dhidden \w+ ratio \S+ -> \S+ \(([0-9.]+)x\)", m.group(1))]
     # the threshold (1.5x) decides: the growth is real but modest
@@ -70,7 +70,7 @@ def test_accepting_records_an_intended_change(tmp_path: Path):
 def test_a_regressed_pytest_item_fails_with_both_ratios(tmp_path: Path):
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--kernel",
                         "fused_linear_xent", "--sizes", "sweep", "--harness-dtype", "float16", "--harness-device",
-                        "cpu", "--backend", MUTANT, "-k", "N64-H8-V1100", "--harness-compare", str(ROOT / "reports")],
+                        "cpu", "--backend", MUTANT, "-k", "N7-H16-V1025", "--harness-compare", str(ROOT / "reports")],
                        cwd=ROOT,
                        capture_output=True, text=True, timeout=600, env=inner_pytest_env())
     assert r.returncode == 1, r.stdout[-3000:]
