@@ -78,7 +78,9 @@ def test_failing_cell_carries_its_input_digest_and_the_bundle_does_not_regenerat
     _with_input_digest(cell, op, case, "cpu")
     want = _digest(oracle.gen_inputs(op, case, torch.float32, 0, "cpu").tensors)
     assert cell.inputs_sha256 == want and cell.inputs_bytes > 0
-    assert _with_input_digest(record("PASS"), op, case, "cpu").inputs_sha256 is None
+    # a passing cell carries it too (a --compare needs the same inputs), a cell that never ran does not
+    assert _with_input_digest(record("PASS"), op, case, "cpu").inputs_sha256 == want
+    assert _with_input_digest(record("SKIP"), op, case, "cpu").inputs_sha256 is None
     oom = record("ERROR", "OutOfMemoryError in the backend or the harness's checks")
     assert _with_input_digest(oom, op, case, "cpu").inputs_sha256 is None  # rerun by the runner, draws dropped
 
