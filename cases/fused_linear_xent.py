@@ -23,8 +23,18 @@ from harness.cases.softmax_xent import (
 from harness.references.fused_linear_xent import fused_linear_xent
 from hypothesis import strategies as st
 
-from harness import Axis, Case, Component, Inputs, MicrobatchSpec, OperatorSpec, PerfTarget, register_operator
+from harness import (
+    Axis,
+    Case,
+    Component,
+    Inputs,
+    MicrobatchSpec,
+    OperatorSpec,
+    PerfTarget,
+    register_operator,
+)
 from harness.inputs import place, randn
+from harness.twins import twin, with_twins
 
 
 def make_inputs(case: Case, dtype: torch.dtype, gen: torch.Generator, device: str) -> Inputs:
@@ -127,6 +137,15 @@ def smoke(device: str) -> list[Case]:
         C("N12-H20-V100-softcap-zloss-lse-none", 12, 20, 100, ("softcap", "z-loss", "lse", "reduction"),
           bias=False, scale=3.0, softcap=3.0, z_loss=1e-2, return_lse=True, reduction="none", ignored=0.2),
         C("N24-H16-V67-mb2", 24, 16, 67, ("microbatch",), microbatches=2),
+        # what the sweep has besides (tests/test_coverage.py): N = BLOCK_N, H < BLOCK_H and V > BLOCK_V
+        # (interpreter blocks 16, 16, 128), padded hidden and transposed weight, ignore_index 0, a global
+        # normalizer, each reduction, smoothing, and a layout twin of every input and upstream gradient
+        C("N16-H8-V129-strided-ii0-normalizer", 16, 8, 129, ("non-contiguous", "ignored", "normalizer"),
+          ignored=0.2, ignore_index=0, normalizer=49.0, layout_hidden="pad", layout_weight="perm:1,0"),
+        C("N9-H16-V40-sum-ls", 9, 16, 40, ("reduction", "smoothing"), ignored=0.2, reduction="sum",
+          label_smoothing=0.1),
+        twin(C("N10-H16-V50-lse-none", 10, 16, 50, ("lse", "reduction"), ignored=0.2, return_lse=True,
+               reduction="none"), "mixed"),
     ]
 
 
@@ -170,7 +189,8 @@ def sweep(device: str) -> list[Case]:
         cases.append(C("N63-H47-V123-odd", 63, 47, 123, ("odd-sizes",), ignored=0.2))
         cases.append(C("N16-H16-V1025-zloss-lse", 16, 16, 1025, ("V>1024", "z-loss", "lse"), ignored=0.2,
                        z_loss=1e-2, return_lse=True))
-        return cases + _edge_cases(32, 24, 129)
+        # layout twins (harness/twins.py): bias absent, and every output with its gradient (reduction none)
+        return with_twins(cases + _edge_cases(32, 24, 129), only=("N32-H24-V129-nobias", "N32-H24-V129-lse-all"))
     grid = [(1, 4096, 128256), (7, 100, 1025), (128, 256, 32000), (128, 4096, 128256), (1000, 2048, 32000),
             (1000, 4096, 1000), (1000, 256, 128256), (4096, 256, 32000), (4096, 2048, 1025), (8192, 16, 1025),
             (8192, 2048, 2), (8192, 2048, 1000), (8192, 100, 1025)]
@@ -178,6 +198,7 @@ def sweep(device: str) -> list[Case]:
     cases.append(C("N252-H507-V123-odd", 252, 507, 123, ("odd-sizes",), ignored=0.2))
     cases += _edge_cases(1000, 256, 32000)
     cases.append(C("N1000-H100-V1025-mb3", 1000, 100, 1025, ("microbatch",), microbatches=3))
+    cases = with_twins(cases, only=("N7-H100-V1025", "N8192-H16-V1025", "N1000-H256-V32000-lse-all"))
     for c in cases:
         p = c.params
         assert p["N"] * p["V"] <= SWEEP_MAX_NV and p["N"] * p["H"] * p["V"] <= SWEEP_MAX_NHV, c.name

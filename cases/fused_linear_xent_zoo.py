@@ -8,6 +8,7 @@ from __future__ import annotations
 from harness.cases.fused_linear_xent import C
 
 from harness import Expectation, Mutant, register_mutant
+from harness.twins import twin
 
 SEED = "fused-xent-microbatch-debug.md"
 
@@ -49,3 +50,16 @@ register_mutant(Mutant(
                     passing=("loss", "dhidden", "dweight", "dbias")),
     ),
     description="g_lse path omitted: z-loss and the LSE output's gradient never reach dZ"))
+
+# Issue 26: no preset gave hidden an innermost stride other than 1 (its only other layout is padded rows), so a
+# kernel that assumed one passed every cell. The layout twins (harness/twins.py) give it stride 2 and catch it;
+# the base case passes, as the last expectation shows.
+BASE = C("zoo-N32-H24-V129", 32, 24, 129, ignored=0.2)
+register_mutant(Mutant(
+    id="xent-hidden-unit-stride", operator="fused_linear_xent", backend="triton", seed="issue 26 (layout twins)",
+    edits=(("wrapper.py", "T, V, H, h.stride(0), h.stride(1), W.stride(0)", "T, V, H, h.stride(0), 1, W.stride(0)"),),
+    # every logit reads the NaN gaps of hidden's buffer: every component NaN, on every token and hidden block
+    expect=(Expectation(twin(BASE, "stride"), "float32", fail=("loss", "dhidden", "dweight", "dbias"),
+                        where={"dhidden": {"token": "all", "hidden": "all"}}),
+            Expectation(BASE, "float32", passing=("loss", "dhidden", "dweight", "dbias"))),
+    description="the logits kernel reads hidden as if its innermost stride were 1"))

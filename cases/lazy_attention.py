@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from harness import Axis, Case, Component, Inputs, OperatorSpec, PerfTarget, register_operator
 from harness.inputs import place, randn, uniform
+from harness.twins import twin, with_twins
 
 Tensor = torch.Tensor
 QKV_T = "perm:0,2,1,3"          # [B,H,L,Dh] views of a [B,L,H,Dh] buffer: head stride = Dh
@@ -206,11 +207,17 @@ def C(name: str, B: int, H: int, L: int, Dh: int, W: int, tags: tuple[str, ...] 
 
 
 def smoke(device: str) -> list[Case]:
+    first = C("L5-W7-H2", 1, 2, 5, 16, 7, ("W>L",))
     return [
-        C("L5-W7-H2", 1, 2, 5, 16, 7, ("W>L",)),
+        first,
         C("L17-qkvT-dOcontig-B2", 2, 2, 17, 16, 100, ("non-contiguous", "W>L"), layout=QKV_T),
         C("L17-H3-dOT-pos-tau", 1, 3, 17, 16, 7, ("positive-tau", "non-contiguous-grad"),
           tau="pos", grad_layout=QKV_T),
+        # what the sweep has besides (tests/test_coverage.py): L = BLOCK (16 interpreted), q, k, v and dO each
+        # with its own strides (v and dO padded), and a layout twin
+        C("L16-W7-own-strides", 1, 2, 16, 16, 7, ("BLOCK", "own-strides"),
+          layout_q=QKV_T, layout_k="contiguous", layout_v="pad", grad_layout="pad"),
+        twin(first, "mixed"),
     ]
 
 
@@ -265,14 +272,18 @@ def _sweep_gpu() -> list[Case]:
 
 
 def sweep(device: str) -> list[Case]:
-    return _sweep_cpu() if device == "cpu" else _sweep_gpu()
+    # layout twins (harness/twins.py) of a few cases: H > 1 and B > 1, each tau regime
+    if device == "cpu":
+        return with_twins(_sweep_cpu(), only=("L15-W16-H3-qkvT", "L16-W16-B3-mixed-qkvT", "L17-W7-pos"))
+    return with_twins(_sweep_gpu(), only=("L17-W16-D64-B3-H4-qkvT", "L129-W7-D32-B2-H8-dOpad",
+                                          "L127-W64-D64-H8-pos"))
 
 
 def full(device: str) -> list[Case]:
     # GPU only by design; on CPU (Triton interpreter) it is the CPU sweep.
+    cases = sweep(device)
     if device == "cpu":
-        return _sweep_cpu()
-    cases = _sweep_gpu()
+        return cases
     Hs, Ws, Bs = (1, 2, 4, 8), (1, 7, 16, 64, 100, 512), (1, 2, 3)
     layouts = [{}, {"layout": QKV_T}, {"grad_layout": QKV_T}, {"layout": QKV_T, "grad_layout": "pad"}]
     taus = ("neg", "pos", "mixed")

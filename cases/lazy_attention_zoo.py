@@ -11,6 +11,7 @@ from harness.cases.lazy_attention import QKV_T, C
 
 from harness import Expectation, register_mutant
 from harness.spec import Mutant
+from harness.twins import twin
 
 # L = 33 spans three interpreter blocks of 16; W = 40 > L and > BLOCK
 CASE = C("zoo-B2-H3-L33-W40-qkvT-dOcontig", 2, 3, 33, 16, 40, ("zoo",), tau="neg", layout=QKV_T,
@@ -46,4 +47,18 @@ register_mutant(Mutant(
     # on the GPU (64-wide blocks) the wrong rows are no block of their own: no structure to name (H100)
     expect=(Expectation(CASE, "float32", fail=("dq",), passing=("o", "dk", "dv", "dbias", "dtau"), hint="tail|none",
                         where={"dq": {"position": "last"}}),),
+))
+
+# Issue 26: no preset gave q and k different innermost strides, so a kernel that addressed one with the other's
+# passed every cell. Caught only by the mixed layout twin (harness/twins.py: q, k, v, bias, tau, dO with innermost
+# strides 2 ... 7); the stride twin (every innermost stride 2) and the base case pass, as the expectations show.
+STRIDE_TWIN, MIXED_TWIN = twin(CASE, "stride"), twin(CASE, "mixed")
+register_mutant(Mutant(
+    id="lazy-k-with-q-inner-stride", operator="lazy_attention", backend="triton", seed="issue 26 (layout twins)",
+    description="the forward LSE pass addresses k with q's innermost stride",
+    edits=(("wrapper.py", "q, k, bias, lse, *q.stride(), *k.stride(), bias.stride(0)",
+            "q, k, bias, lse, *q.stride(), *k.stride()[:3], q.stride(3), bias.stride(0)"),),
+    expect=(Expectation(MIXED_TWIN, "float32", fail=("o",) + GRADS, hint="nan"),
+            Expectation(STRIDE_TWIN, "float32", passing=("o",) + GRADS),
+            Expectation(CASE, "float32", passing=("o",) + GRADS)),
 ))

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from harness import Axis, Case, Component, Inputs, OperatorSpec, PerfTarget, register_operator
 from harness.inputs import place, randn, uniform
+from harness.twins import twin, with_twins
 
 OPTIONS = {"norm_eps": 1e-6, "hc_eps": 1e-6, "post_mult": 2.0}
 
@@ -81,6 +82,10 @@ def smoke(device: str) -> list[Case]:
         C("n4-xT-gradpad", 2, 5, 4, 40, ("non-contiguous", "nD>BLOCK"),
           layout="perm:0,2,1,3", grad_layout="pad"),
         C("n3-nogamma-paper", 1, 4, 3, 9, ("gamma-absent", "paper-init"), gamma=False, init="paper"),
+        # what the sweep has besides (tests/test_coverage.py): T = BLOCK_T and T beyond it, padded x and
+        # transposed upstream gradients, and a layout twin (interpreter: BLOCK_T = 16)
+        C("T16-xpad-gradT", 2, 8, 2, 24, ("non-contiguous",), layout="pad", grad_layout="perm:1,0,2"),
+        twin(C("n2-D24-T17", 1, 17, 2, 24), "mixed"),
     ]
 
 
@@ -97,7 +102,7 @@ def sweep(device: str) -> list[Case]:
             C("paper-alpha", 1, 16, 4, 64, ("paper-init",), init="paper"),
             C("no-gamma", 1, 8, 4, 40, ("gamma-absent",), gamma=False),
         ]
-        return cases
+        return with_twins(cases, only=("n4-D100-T3", "xpad-gradT", "no-gamma"))
     cases = [C(f"n{n}-D{D}-T{S}", 1, S, n, D, ("n-range",)) for n, D, S in
              [(1, 1, 1), (2, 7, 3), (4, 32, 64), (6, 100, 127), (8, 128, 64), (4, 1000, 127)]]
     cases += [
@@ -111,7 +116,7 @@ def sweep(device: str) -> list[Case]:
         C("paper-alpha", 1, 1024, 4, 4096, ("paper-init",), init="paper"),
         C("no-gamma", 1, 512, 4, 1280, ("gamma-absent",), gamma=False),
     ]
-    return cases
+    return with_twins(cases, only=("n4-D32-T64", "n8-D1000-T127", "no-gamma"))
 
 
 def full(device: str) -> list[Case]:

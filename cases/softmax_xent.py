@@ -13,8 +13,18 @@ import torch
 from harness.references.softmax_xent import softmax_xent
 from hypothesis import strategies as st
 
-from harness import Axis, Case, Component, Inputs, MicrobatchSpec, OperatorSpec, PerfTarget, register_operator
+from harness import (
+    Axis,
+    Case,
+    Component,
+    Inputs,
+    MicrobatchSpec,
+    OperatorSpec,
+    PerfTarget,
+    register_operator,
+)
 from harness.inputs import place, randn
+from harness.twins import twin, with_twins
 
 CONFIDENT_MARGIN = 30.0
 EXTREME = 1e4
@@ -206,14 +216,22 @@ def C(name: str, N: int, V: int, tags: tuple[str, ...] = (), microbatches: int =
 
 
 def smoke(device: str) -> list[Case]:
+    none = C("N4-V1025-zloss-none", 4, 1025, ("V>1024", "z-loss", "none"), ignored=0.2, z_loss=1e-2,
+             reduction="none")
     return [
         C("N3-V2", 3, 2, ("tiny",), ignored=0.2),
         C("N5-V31-pad-ls", 5, 31, ("non-contiguous", "smoothing"), layout="pad", ignored=0.2,
           label_smoothing=0.1),
-        C("N4-V1025-zloss-none", 4, 1025, ("V>1024", "z-loss", "none"), ignored=0.2, z_loss=1e-2,
-          reduction="none"),
+        none,
         # loss.backward(): an upstream gradient of exactly 1, a path kernels may special-case
         C("N6-V1025-ones", 6, 1025, ("V>1024", "grad-ones"), ignored=0.2, grad_ones=True),
+        # what the sweep has besides (tests/test_coverage.py): each reduction, ignore_index 0, a global
+        # normalizer, microbatches, and a layout twin (logits and the loss gradient with their own strides)
+        C("N8-V31-sum-ignore-index0", 8, 31, ("reduction", "ignored"), ignored=0.2, reduction="sum",
+          ignore_index=0),
+        C("N8-V31-normalizer", 8, 31, ("normalizer",), ignored=0.2, normalizer=25.0),
+        C("N8-V31-microbatch2", 8, 31, ("microbatch",), microbatches=2),
+        twin(none, "mixed"),
     ]
 
 
@@ -252,6 +270,9 @@ SMALL_V_EDGES = ("scale10", "confident", "extreme", "ign100-mean", "pad", "none"
 # (N=8192, V=128256 ran out of memory alone on a 140 GB H200), so the sweep stays under 2^28 logits
 # (~27 GB) and the N=8192, V=128256 shapes are in the full preset.
 SWEEP_MAX_NV = 2 ** 28
+# the sweep cases that also run as layout twins (harness/twins.py): each reduction, the microbatches, and
+# the longest rows (the gradient of the loss is a tensor only under reduction="none")
+TWINNED = ("N3-V32000", "N{N}-V1025-sum", "N{N}-V1025-ls-zloss-none", "N{N}-V1025-microbatch2")
 
 
 def sweep(device: str) -> list[Case]:
@@ -261,13 +282,14 @@ def sweep(device: str) -> list[Case]:
         cases = [C(f"N{N}-V{V}", N, V, ("size",), ignored=0.2) for N, V in grid]
         small = [c for c in _edge_cases(8, 31) if c.name.split("-", 2)[2] in SMALL_V_EDGES]
         ones = [C("N16-V1025-ones", 16, 1025, ("grad-ones",), ignored=0.2, grad_ones=True)]
-        return cases + _edge_cases(16, 1025) + small + ones
+        return with_twins(cases + _edge_cases(16, 1025) + small + ones, only=[n.format(N=16) for n in TWINNED])
     grid = [(1, 128256), (1, 2), (3, 1025), (3, 32000), (128, 2), (128, 1024), (128, 1025), (4096, 1000),
             (4096, 2004), (4096, 50257), (8192, 32000), (1024, 128256)]
     cases = [C(f"N{N}-V{V}", N, V, ("size",), ignored=0.2) for N, V in grid]
     ones = [C("N1024-V128256-ones", 1024, 128256, ("grad-ones",), ignored=0.2, grad_ones=True),
             C("N4096-V32000-ones-sum", 4096, 32000, ("grad-ones",), ignored=0.2, grad_ones=True, reduction="sum")]
-    cases += _edge_cases(4096, 32000) + _edge_cases(128, 1025) + ones
+    cases = with_twins(cases + _edge_cases(4096, 32000) + _edge_cases(128, 1025) + ones,
+                       only=[n.format(N=128) for n in TWINNED])
     for c in cases:
         assert c.params["N"] * c.params["V"] <= SWEEP_MAX_NV, c.name
     return cases

@@ -17,6 +17,7 @@ _API = {
     **dict.fromkeys(("ContractException", "Gap"), "declarations"),
     **dict.fromkeys(("generator", "layouts", "place", "randn", "tensor", "uniform"), "inputs"),
     **dict.fromkeys(("Backend", "register_backend", "register_mutant", "register_operator"), "registry"),
+    **dict.fromkeys(("twin", "with_twins"), "twins"),
     **dict.fromkeys(("Axis", "Case", "Component", "Expectation", "Inputs", "MicrobatchSpec", "Mutant",
                      "OperatorSpec", "PerfTarget", "named_cases"), "spec"),
 }

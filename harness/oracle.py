@@ -18,6 +18,7 @@ import torch
 from .inputs import generator, place, randn
 from .spec import Case, Inputs, OperatorSpec
 from .tf32 import TF32Matmuls
+from .twins import base_case, twin_grad_outputs, twin_inputs
 from .verdict import FloorSummary
 
 Tensor = torch.Tensor
@@ -88,8 +89,13 @@ def _draw_key(op: OperatorSpec, case: Case, seed: int, device: str) -> tuple:
 
 
 def gen_inputs(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int, device: str) -> Inputs:
-    inp = _drawn(_draw_key(op, case, seed, device), f"inputs/{dtype}", lambda: op.make_inputs(
-        case, dtype, generator(op.name, case.name, case.params, seed), device))
+    def make() -> Inputs:
+        # a layout twin draws its base case's values, then re-places them (harness/twins.py)
+        base = base_case(case)
+        drawn = op.make_inputs(base, dtype, generator(op.name, base.name, base.params, seed), device)
+        return twin_inputs(op, case, drawn, device)
+
+    inp = _drawn(_draw_key(op, case, seed, device), f"inputs/{dtype}", make)
     return Inputs({k: _replica(v) for k, v in inp.tensors.items()}, dict(inp.options))
 
 
@@ -114,8 +120,8 @@ def gen_grad_outputs(
     # the draw may depend on the inputs (their dtypes name them: same case, seed and device)
     ins = sorted((k, str(v.dtype)) for k, v in tensors.items() if isinstance(v, Tensor))
     what = f"grad/{ins}/{sorted(shapes.items())}/{sorted((k, str(v)) for k, v in dtypes.items())}"
-    out = _drawn(_draw_key(op, case, seed, device), what,
-                 lambda: _make_grad_outputs(op, case, seed, tensors, shapes, dtypes, device))
+    out = _drawn(_draw_key(op, case, seed, device), what, lambda: twin_grad_outputs(
+        op, case, tensors, _make_grad_outputs(op, base_case(case), seed, tensors, shapes, dtypes, device), device))
     return {k: _replica(v) for k, v in out.items()}
 
 

@@ -20,7 +20,13 @@ def make_inputs(case, dtype, gen, device):
     return Inputs({"x": x, "w": tensor((p["features"],), gen, dtype, device)}, {"eps": 1e-6})
 
 
-SMOKE = named_cases({"rows": 3, "features": 40}, {"rows": 2, "features": 16, "layout": "pad:3"})
+# smoke has every feature of the sweep (tests/test_coverage.py): features of one block, transposed x, and x and
+# the upstream gradient each with an innermost stride of its own
+SMOKE = named_cases(
+    {"rows": 3, "features": 40}, {"rows": 2, "features": 16, "layout": "pad:3"},
+    {"rows": 4, "features": 32, "layout": "transposed"},
+    {"rows": 5, "features": 40, "layout": "stride:2", "grad_layout": "stride:3"},
+)
 # against the example kernels' 32-feature blocks and 16-row tiles: features 8 ... 32 fit one block, 33 ... 130
 # span several with a partial last one; 17 rows span two tiles
 SWEEP = named_cases(

@@ -1,0 +1,135 @@
+"""Layout twins (harness/twins.py): the base case's values in other strides, derived for any operator, and the
+bugs only they expose: an innermost stride taken as 1, one tensor addressed with another's strides."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import Backend, Case, Inputs, OperatorSpec, registry, tensor
+from harness.cell import run_cell
+from harness.judgement import Rules, judge_cell
+from harness.oracle import clear_cache, gen_grad_outputs, gen_inputs, oracle_and_floor, output_contract, reference_run
+from harness.twins import base_case, layouts, twin, with_twins
+
+
+def draw(op: OperatorSpec, case: Case) -> tuple[Inputs, dict[str, torch.Tensor]]:
+    inputs = gen_inputs(op, case, torch.float32, 0, "cpu")
+    outs, _, _ = reference_run(op, inputs, None, torch.float64)
+    grads = gen_grad_outputs(op, case, 0, inputs.tensors, {k: tuple(v.shape) for k, v in outs.items()},
+                             output_contract(op, inputs.tensors), "cpu")
+    return inputs, grads
+
+
+def test_a_twin_draws_its_base_values_and_only_changes_strides():
+    op = registry.get_operator("lazy_attention")
+    base = next(c for c in op.cases("smoke", "cpu") if c.name == "L17-qkvT-dOcontig-B2")
+    b_in, b_g = draw(op, base)
+    for which, inner in (("stride", [2, 2, 2, 2, 2, 2]), ("mixed", [2, 3, 4, 5, 6, 7])):
+        t_in, t_g = draw(op, twin(base, which))
+        tensors = {**t_in.tensors, "grad:o": t_g["o"]}
+        assert [tensors[n].stride(-1) for n in ("q", "k", "v", "bias", "tau", "grad:o")] == inner, which
+        for n, t in b_in.tensors.items():
+            assert torch.equal(t_in.tensors[n], t), (which, n)
+        assert torch.equal(t_g["o"], b_g["o"]) and t_in.options == b_in.options
+
+
+def test_integer_and_scalar_tensors_keep_their_layout():
+    op = registry.get_operator("softmax_xent")
+    base = next(c for c in op.cases("smoke", "cpu") if c.name == "N5-V31-pad-ls")  # reduction mean: a scalar loss
+    inputs, grads = draw(op, twin(base, "mixed"))
+    assert inputs.tensors["logits"].stride() == (62, 2)
+    assert inputs.tensors["targets"].stride() == (1,) and grads["loss"].dim() == 0
+    assert layouts(op, twin(base, "mixed"), inputs.tensors, grads) == {"logits": "stride:2"}
+
+
+def test_a_twin_has_the_oracle_of_its_base():
+    op = registry.get_operator("mhc_pre")
+    base = op.cases("smoke", "cpu")[0]
+    clear_cache()
+    want = oracle_and_floor(op, base, torch.float32, 0, "cpu", False)
+    got = oracle_and_floor(op, twin(base, "mixed"), torch.float32, 0, "cpu", False)
+    for key in ("o_out", "o_grad"):
+        for name, v in want[key].items():
+            assert v is None and got[key][name] is None or torch.equal(v, got[key][name]), (key, name)
+    clear_cache()
+
+
+def test_with_twins_puts_the_twins_after_the_cases_named():
+    a, b = Case("a", {"n": 1}), Case("b", {"n": 2}, ("t",), 2)
+    cases = with_twins([a, b], only=("b",))
+    assert [c.name for c in cases] == ["a", "b", "b~stride", "b~mixed"]
+    assert cases[3].params == {"n": 2, "twin": "mixed"} and cases[3].tags == ("t",) and cases[3].microbatches == 2
+    assert base_case(cases[3]) == b and base_case(a) is a
+    assert [c.name for c in with_twins([a], which=("mixed",))] == ["a", "a~mixed"]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: twin(Case("a", {}), "diagonal"), "twin 'diagonal': expected one of stride, mixed"),
+    (lambda: twin(twin(Case("a", {}), "stride"), "mixed"), "is already the 'stride' twin of 'a'"),
+    (lambda: with_twins([Case("a", {})], only=("b",)), "with_twins: no case named b; cases: a"),
+])
+def test_a_twin_that_cannot_be_made_is_an_error_naming_it(call, message: str):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+# ---- the bugs twins expose, on an operator of the test's own (RMSNorm in eager torch) ----------------------
+
+def rmsnorm(x, w, *, eps):
+    return {"y": x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w}
+
+
+def make_inputs(case, dtype, gen, device):
+    p = case.params
+    return Inputs({"x": tensor((p["rows"], p["features"]), gen, dtype, device),
+                   "w": tensor((p["features"],), gen, dtype, device)}, {"eps": 1e-6})
+
+
+OP = OperatorSpec(name="twins-rmsnorm", inputs=("x", "w"), differentiable=("x", "w"), outputs=("y",),
+                  graded_outputs=("y",), reference=rmsnorm, make_inputs=make_inputs, presets={},
+                  dims={"x": ("row", "feature"), "w": ("feature",), "y": ("row", "feature")})
+BASE = Case("rows3-features6", {"rows": 3, "features": 6})
+
+
+def shown(impl) -> list[str]:
+    """The judged status of the base case and its two twins."""
+    backend = Backend(operator=OP.name, name="eager", impl=impl, devices=("cpu",))
+    out = []
+    for case in with_twins([BASE]):
+        out.append(judge_cell(run_cell(OP, backend, case, "float32", "cpu", repeats=1), Rules()).shown)
+    return out
+
+
+def test_a_correct_backend_passes_every_twin():
+    assert shown(rmsnorm) == ["PASS", "PASS", "PASS"]
+
+
+def test_a_backend_that_ignores_the_innermost_stride_fails_the_twins():
+    def dense_rows(x, w, *, eps):
+        # assumes x's elements one apart: right for every layout a preset lists, wrong for a twin
+        x = torch.as_strided(x, x.shape, (x.stride(0), 1))
+        return rmsnorm(x, w, eps=eps)
+
+    assert shown(dense_rows) == ["PASS", "FAIL", "FAIL"]
+
+
+class _GradWithStridesOf(torch.autograd.Function):
+    """Identity on y; its backward reads the upstream gradient with x's strides."""
+
+    @staticmethod
+    def forward(ctx, y, x):
+        ctx.x_stride = x.stride()
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.as_strided(g, g.shape, ctx.x_stride, g.storage_offset()), None
+
+
+def test_a_backend_that_addresses_the_gradient_with_x_strides_fails_the_mixed_twin_only():
+    def dy_with_x_strides(x, w, *, eps):
+        return {"y": _GradWithStridesOf.apply(rmsnorm(x, w, eps=eps)["y"], x)}
+
+    # the stride twin gives x and dy the same strides; the mixed one gives them innermost strides 2 and 4
+    assert shown(dy_with_x_strides) == ["PASS", "PASS", "FAIL"]
