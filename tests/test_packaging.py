@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from subprocess_env import inner_pytest_env
-from test_pytest_road import unrelated_project
+from test_pytest_road import hypothesis_defaults, unrelated_project
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERIC = ("cases", "references", "backends")
@@ -72,5 +72,6 @@ def test_the_wheel_in_a_fresh_environment_leaves_an_unrelated_project_alone(whee
     where, generic = r.stdout.split("\n")[:2]
     assert where.startswith(site) and generic == "[]", r.stdout + r.stderr
     r = subprocess.run([str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--backend", "jax"], cwd=proj,
-                       capture_output=True, text=True, timeout=600, env=inner_pytest_env())
+                       capture_output=True, text=True, timeout=600,
+                       env=inner_pytest_env(HYPOTHESIS_WITHOUT_PYTEST=hypothesis_defaults(str(py))))
     assert r.returncode == 0 and "3 passed" in r.stdout, r.stdout + r.stderr

@@ -34,8 +34,11 @@ def test_its_own_backend_option(backend):
 
 
 def test_hypothesis_settings_are_the_defaults():
+    # Hypothesis's own defaults where this runs (it loads its "ci" profile by itself under CI=true)
+    import os
+
     s = settings()
-    assert s.max_examples == 100 and not s.derandomize, (s.max_examples, s.derandomize)
+    assert f"{s.max_examples} {s.derandomize}" == os.environ["HYPOTHESIS_WITHOUT_PYTEST"]
 
 
 def test_the_installed_harness_plugin_did_not_import_torch():
@@ -45,9 +48,17 @@ def test_the_installed_harness_plugin_did_not_import_torch():
 '''
 
 
+def hypothesis_defaults(python: str = sys.executable) -> str:
+    """max_examples and derandomize as Hypothesis sets them in a plain process (no pytest, no plugin)."""
+    code = "from hypothesis import settings; s = settings(); print(s.max_examples, s.derandomize)"
+    return subprocess.run([python, "-c", code], capture_output=True, text=True, check=True,
+                          env=inner_pytest_env()).stdout.strip()
+
+
 def pytest_in(folder: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = inner_pytest_env(HYPOTHESIS_WITHOUT_PYTEST=hypothesis_defaults())
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=folder,
-                          capture_output=True, text=True, timeout=timeout, env=inner_pytest_env())
+                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def unrelated_project(tmp_path: Path) -> Path:
