@@ -179,12 +179,10 @@ class Comparison:
                 f"(threshold {self.fail:g}x){accepted}")
 
 
-def _ratios(cell: CellRecord, device_class: str) -> dict[tuple[str, str], tuple[float, Any]]:
-    """(component, metric) -> (ratio, figures) under today's rules, for components with figures."""
-    from .judgement import judge_cell
-
+def _ratios(judged: Any) -> dict[tuple[str, str], tuple[float, Any]]:
+    """(component, metric) -> (ratio, figures) of a judged cell, for components with figures."""
     out = {}
-    for c in judge_cell(cell, device_class=device_class).components:
+    for c in judged.components:
         f, v = c.figures, c.verdict
         if f.kind != "figures" or f.numel < MIN_ELEMENTS:
             continue
@@ -221,7 +219,8 @@ def compare_cell(cell: CellRecord, ref: CellRecord | None, header: dict, ref_hea
     out.why_not = _why_not(cell, ref, header, ref_header)
     if out.why_not:
         return out
-    before, after = _ratios(ref, device_class), _ratios(cell, device_class)
+    judged_ref, judged_now = judge_cell(ref, device_class=device_class), judge_cell(cell, device_class=device_class)
+    before, after = _ratios(judged_ref), _ratios(judged_now)
     for key in sorted(before.keys() & after.keys()):
         (r0, f0), (r1, f1) = before[key], after[key]
         change = Change(key[0], key[1], r0, r1)
@@ -232,8 +231,7 @@ def compare_cell(cell: CellRecord, ref: CellRecord | None, header: dict, ref_hea
             out.regressions.append(change)
         elif r0 >= MIN_RATIO and r1 > 0 and r0 / r1 > fail and moved:
             out.improvements.append(change)
-    out.newly_failing = not judge_cell(ref, device_class=device_class).failing and \
-        judge_cell(cell, device_class=device_class).failing
+    out.newly_failing = not judged_ref.failing and judged_now.failing
     return out
 
 
