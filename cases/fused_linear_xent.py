@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from harness.cases.softmax_xent import (
     CONFIDENT_MARGIN,
+    chunk_options,
     loss_options,
     make_targets,
     naive_options,
@@ -31,6 +32,8 @@ from harness import (
     MicrobatchSpec,
     OperatorSpec,
     PerfTarget,
+    Separable,
+    SplitAxis,
     register_operator,
 )
 from harness.inputs import place, randn
@@ -265,6 +268,11 @@ SPEC = register_operator(OperatorSpec(
                               combine={"hidden": "cat0", "weight": "sum", "bias": "sum", "loss": "sum",
                                        "lse": "cat0"},
                               naive_options=naive_options),
+    # tokens are independent (dweight and dbias: sums over them); per token the float64 reference holds its
+    # [V] logits and their gradient several times over, not its [H] hidden state
+    separable=Separable((SplitAxis("token", {"hidden": 0, "targets": 0, "loss": 0, "lse": 0}),),
+                        options=chunk_options,
+                        slice_bytes=lambda i: 24 * 8 * (i.tensors["weight"].shape[0] + i.tensors["hidden"].shape[1])),
     invariants=invariants,
     strategy=strategy,
     cost_model=cost_model,

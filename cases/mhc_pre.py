@@ -6,7 +6,7 @@ import torch
 from harness.references.mhc_pre import mhc_pre
 from hypothesis import strategies as st
 
-from harness import Axis, Case, Component, Inputs, OperatorSpec, PerfTarget, register_operator
+from harness import Axis, Case, Component, Inputs, OperatorSpec, PerfTarget, Separable, SplitAxis, register_operator
 from harness.inputs import place, randn, uniform
 from harness.twins import twin, with_twins
 
@@ -168,6 +168,9 @@ SPEC = register_operator(OperatorSpec(
     components=COMPONENTS,
     presets={"smoke": smoke, "sweep": sweep, "full": full},
     dtype_input="x",
+    # tokens (B x S) are independent; dphi, dalpha, dbias and dgamma are sums over them
+    separable=Separable((SplitAxis("batch", {"x": 0, "h_in": 0, "h_post": 0, "h_res": 0}),
+                         SplitAxis("token", {"x": 1, "h_in": 1, "h_post": 1, "h_res": 1}))),
     strategy=strategy,
     cost_model=cost_model,
     bench_cases=bench_cases,

@@ -21,6 +21,8 @@ from harness import (
     MicrobatchSpec,
     OperatorSpec,
     PerfTarget,
+    Separable,
+    SplitAxis,
     register_operator,
 )
 from harness.inputs import place, randn
@@ -341,6 +343,14 @@ def strategy(device: str):
                      st.sampled_from(["contiguous", "pad"]))
 
 
+def chunk_options(inputs: Inputs) -> dict:
+    """What each chunk of rows gets (OperatorSpec.separable): a mean over the whole case's valid tokens."""
+    opts = inputs.options
+    if opts.get("reduction", "mean") != "mean" or opts.get("normalizer") is not None:
+        return {}
+    return {"normalizer": float((inputs.tensors["targets"] != opts["ignore_index"]).sum())}
+
+
 SPEC = register_operator(OperatorSpec(
     name="softmax_xent",
     aliases=("xent",),
@@ -356,6 +366,8 @@ SPEC = register_operator(OperatorSpec(
     dtype_input="logits",
     microbatch=MicrobatchSpec(split=split_tokens(("logits", "targets")),
                               combine={"logits": "cat0", "loss": "sum"}, naive_options=naive_options),
+    # rows are independent: the oracle of a large case row chunk by row chunk (the loss, when reduced, a sum)
+    separable=Separable((SplitAxis("row", {"logits": 0, "targets": 0, "loss": 0}),), options=chunk_options),
     invariants=invariants,
     strategy=strategy,
     cost_model=cost_model,

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from . import localize as loc
+from . import streaming
 from .alloc import PoisonedAllocations
 from .oracle import (
     OutputMismatch,
@@ -47,10 +48,6 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _fingerprint(t: Any) -> Any:
-    return t.detach().clone() if isinstance(t, Tensor) else t
-
-
 def _same(a: Tensor, b: Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
@@ -64,8 +61,8 @@ def call_backend(
     """Run the backend once on fresh inputs under poisoned allocations; report contract data. ``returned``
     gets how the backend returned its outputs (and a backward its gradients): see _returned."""
     fwd, bwd = backend.resolve()
-    before = {k: _fingerprint(v) for k, v in inputs.tensors.items()}
-    g_before = {k: _fingerprint(v) for k, v in grad_outputs.items()}
+    before = {k: streaming.checksum(v) for k, v in inputs.tensors.items()}
+    g_before = {k: streaming.checksum(v) for k, v in grad_outputs.items()}
     options = {**inputs.options, **backend.options}
     with PoisonedAllocations() as poison:
         note = {} if returned is None else returned
@@ -78,8 +75,8 @@ def call_backend(
             grads = bwd(saved, grad_outputs)
             note["grads"] = _returned(grads)
         _sync(device)
-    modified = [k for k, v in inputs.tensors.items() if isinstance(v, Tensor) and not _same(v.detach(), before[k])]
-    modified += [f"grad of {k}" for k, v in grad_outputs.items() if not _same(v, g_before[k])]
+    modified = [k for k, v in inputs.tensors.items() if isinstance(v, Tensor) and streaming.checksum(v) != before[k]]
+    modified += [f"grad of {k}" for k, v in grad_outputs.items() if streaming.checksum(v) != g_before[k]]
     results = [("out:" + k, v) for k, v in outs.items()] + [("grad:" + k, v) for k, v in grads.items()]
     return {
         "outs": {k: v.detach() for k, v in outs.items() if isinstance(v, Tensor)},
@@ -171,7 +168,13 @@ def measure_all(op: OperatorSpec, backend: Backend, case: Case, ref: dict, got: 
     """The figures of every component of the case (shape, errors, floor, per-slice profiles)."""
     rows = []
     extra = ref["extra"]
+    plan = ref.get("plan")  # a chunked entry: what it keeps no whole oracle of is measured chunk by chunk
+    streamed = streaming.measure_split(op, backend, case, ref, got) if plan is not None else {}
     for comp in op.components:
+        if plan is not None and plan.split(comp.tensor_name):
+            if comp.name in streamed:
+                rows.append(streamed[comp.name])
+            continue
         table_o = ref["o_out"] if comp.kind == "out" else ref["o_grad"]
         table_k = got["outs"] if comp.kind == "out" else got["grads"]
         name = comp.tensor_name
@@ -205,6 +208,9 @@ def _low_precision_yardstick(op: OperatorSpec, case: Case, ref: dict, dtype: tor
     oracle per failing component: what "a kernel that computes in bf16" gives, the yardstick a precision
     diagnosis cites. Only for 16-bit cells with a component over its bound; cached with the oracle."""
     if dtype == torch.float32 or not any(verdict_of(f, op.k_max, op.k_rms).kind == "bound" for f in rows):
+        return
+    if ref.get("plan") is not None:
+        streaming.low_precision(op, case, ref, dtype, rows)
         return
     if "lowp" not in ref:
         try:
@@ -394,6 +400,12 @@ def _naive_per_component(op: OperatorSpec, case: Case, ref: dict, naive: dict[st
                          rows: list[ComponentFigures]) -> None:
     """Per gradient component, the relative rms error the classic microbatch mistake (each microbatch
     normalized by its own count) would make: a diagnosis compares the backend's error with it."""
+    if ref.get("plan") is not None:
+        per_comp = streaming.naive_figures(op, case, ref, naive)[1]
+        for fig in rows:
+            if fig.kind == "figures" and per_comp.get(fig.name) is not None:
+                fig.naive_rel_rms = per_comp[fig.name]
+        return
     for fig in rows:
         comp = op.component(fig.name)
         v, o = naive.get(comp.tensor_name), ref["o_grad"].get(comp.tensor_name)
@@ -406,6 +418,11 @@ def _naive_per_component(op: OperatorSpec, case: Case, ref: dict, naive: dict[st
 
 def _naive_report(op: OperatorSpec, case: Case, ref: dict, naive: dict[str, Tensor]) -> dict[str, Any]:
     out = {}
+    if ref.get("plan") is not None:
+        for n, (max_err, rel) in streaming.naive_figures(op, case, ref, naive)[0].items():
+            rel = rel or 0.0
+            out[n] = {"max_err": max_err, "rel_rms": rel if math.isfinite(rel) else str(rel)}
+        return {"k": case.microbatches, "per_microbatch_mean_error": out}
     for n, v in naive.items():
         o = ref["o_grad"].get(n)
         if o is None:
