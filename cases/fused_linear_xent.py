@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from harness.cases.softmax_xent import (
     CONFIDENT_MARGIN,
+    chunk_options,
     loss_options,
     make_targets,
     naive_options,
@@ -31,6 +32,8 @@ from harness import (
     MicrobatchSpec,
     OperatorSpec,
     PerfTarget,
+    Separable,
+    SplitAxis,
     register_operator,
 )
 from harness.inputs import place, randn
@@ -215,6 +218,10 @@ def full(device: str) -> list[Case]:
                    microbatches=2, dtypes=["bfloat16"]))
     cases.append(C("full-N8192-H4096-V128256", 8192, 4096, 128256, ("full", "production"), ignored=0.2,
                    dtypes=["bfloat16"]))
+    # a [N, V] logits tensor (what an unfused backend holds) whose last row starts past 2^31 - 1:
+    # (N-1)*V = 2,147,500,032; H small, so that the float64 oracle's GEMMs stay cheap
+    cases.append(C("N16385-H256-V131073-int64", 16385, 256, 131073, ("64-bit-offsets",), ignored=0.2,
+                   dtypes=["bfloat16"]))
     return cases
 
 
@@ -265,6 +272,11 @@ SPEC = register_operator(OperatorSpec(
                               combine={"hidden": "cat0", "weight": "sum", "bias": "sum", "loss": "sum",
                                        "lse": "cat0"},
                               naive_options=naive_options),
+    # tokens are independent (dweight and dbias: sums over them); per token the float64 reference holds its
+    # [V] logits and their gradient several times over, not its [H] hidden state
+    separable=Separable((SplitAxis("token", {"hidden": 0, "targets": 0, "loss": 0, "lse": 0}),),
+                        options=chunk_options,
+                        slice_bytes=lambda i: 24 * 8 * (i.tensors["weight"].shape[0] + i.tensors["hidden"].shape[1])),
     invariants=invariants,
     strategy=strategy,
     cost_model=cost_model,

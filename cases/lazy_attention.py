@@ -15,7 +15,7 @@ import torch
 from harness.references.lazy_attention import lazy_attention, lazy_attention_parts
 from hypothesis import strategies as st
 
-from harness import Axis, Case, Component, Inputs, OperatorSpec, PerfTarget, register_operator
+from harness import Axis, Case, Component, Inputs, OperatorSpec, PerfTarget, Separable, SplitAxis, register_operator
 from harness.inputs import place, randn, uniform
 from harness.twins import twin, with_twins
 
@@ -348,6 +348,11 @@ SPEC = register_operator(OperatorSpec(
     presets={"smoke": smoke, "sweep": sweep, "full": full},
     dtype_input="q",
     extra_bound=kink_bound,
+    # (batch, head) pairs are independent (dbias and dtau: sums over the batch); per pair the float64
+    # reference holds about a dozen [L, L] tensors (s, p, z, e, masks, their gradients)
+    separable=Separable((SplitAxis("batch", {"q": 0, "k": 0, "v": 0, "o": 0}),
+                         SplitAxis("head", {"q": 1, "k": 1, "v": 1, "o": 1, "bias": 0, "tau": 0})),
+                        slice_bytes=lambda i: 24 * 8 * i.tensors["q"].shape[2] ** 2),
     invariants=None,
     strategy=strategy,
     cost_model=cost_model,

@@ -6,7 +6,7 @@ import torch
 from harness.references.mhc_pre import mhc_pre
 from hypothesis import strategies as st
 
-from harness import Axis, Case, Component, Inputs, OperatorSpec, PerfTarget, register_operator
+from harness import Axis, Case, Component, Inputs, OperatorSpec, PerfTarget, Separable, SplitAxis, register_operator
 from harness.inputs import place, randn, uniform
 from harness.twins import twin, with_twins
 
@@ -126,6 +126,8 @@ def full(device: str) -> list[Case]:
             for S in (1, 4097, 16384):
                 if n * D * S <= 4 * 7168 * 16384:
                     cases.append(C(f"full-n{n}-D{D}-T{S}", 1, S, n, D, ("full",)))
+    # x's last token starts at (T-1)*n*D = 2^31: a 32-bit token offset overflows there (4.3 GB of bf16 x)
+    cases.append(C("T65537-n4-D8192-int64", 1, 65537, 4, 8192, ("64-bit-offsets",), dtypes=["bfloat16"]))
     return cases
 
 
@@ -168,6 +170,9 @@ SPEC = register_operator(OperatorSpec(
     components=COMPONENTS,
     presets={"smoke": smoke, "sweep": sweep, "full": full},
     dtype_input="x",
+    # tokens (B x S) are independent; dphi, dalpha, dbias and dgamma are sums over them
+    separable=Separable((SplitAxis("batch", {"x": 0, "h_in": 0, "h_post": 0, "h_res": 0}),
+                         SplitAxis("token", {"x": 1, "h_in": 1, "h_post": 1, "h_res": 1}))),
     strategy=strategy,
     cost_model=cost_model,
     bench_cases=bench_cases,

@@ -41,3 +41,19 @@ register_mutant(Mutant(
         Expectation(C("zoo-N8-V1024", 8, 1024, ignored=0.2), "float32", passing=("loss", "dlogits")),
     ),
     description="scalar tail after the last aligned vector of a row never read nor written"))
+
+# A 32-bit row offset: row * ls truncated to int. Rows past 2^31 / V elements then read their logits
+# (and the forward, for an upstream gradient of one, writes their dlogits) 2^32 elements before their own
+# place: out of the buffer, a fault or garbage. Identical to the real kernel wherever (N-1)*V < 2^31, so
+# every smoke and sweep case passes; only the full preset's 64-bit case (issue #26) reaches it.
+register_mutant(Mutant(
+    id="xent-row-offset-32bit", operator="softmax_xent", backend="cuda",
+    seed="project: 64-bit offsets",
+    edits=(("softmax_xent.cu", "const T* x = logits + row * ls;  // 64-bit: N*V exceeds 2^31 in the full preset",
+            "const T* x = logits + (int)(row * ls);"),),
+    expect=(
+        Expectation(C("N16385-V131073-int64", 16385, 131073, ("64-bit-offsets",), ignored=0.2), "bfloat16",
+                    status="CRASH|FAIL"),
+        Expectation(C("zoo-N8-V1025", 8, 1025, ignored=0.2), "float32", passing=("loss", "dlogits")),
+    ),
+    description="row offsets in 32 bits: rows past 2^31 elements read outside the logits"))

@@ -19,7 +19,7 @@ _API = {
     **dict.fromkeys(("Backend", "register_backend", "register_mutant", "register_operator"), "registry"),
     **dict.fromkeys(("twin", "with_twins"), "twins"),
     **dict.fromkeys(("Axis", "Case", "Component", "Expectation", "Inputs", "MicrobatchSpec", "Mutant",
-                     "OperatorSpec", "PerfTarget", "named_cases"), "spec"),
+                     "OperatorSpec", "PerfTarget", "Separable", "SplitAxis", "named_cases"), "spec"),
 }
 __all__ = sorted(_API)
 

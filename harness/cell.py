@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from . import localize as loc
+from . import streaming
 from .alloc import PoisonedAllocations
 from .oracle import (
     OutputMismatch,
@@ -47,10 +48,6 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _fingerprint(t: Any) -> Any:
-    return t.detach().clone() if isinstance(t, Tensor) else t
-
-
 def _same(a: Tensor, b: Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
@@ -64,8 +61,8 @@ def call_backend(
     """Run the backend once on fresh inputs under poisoned allocations; report contract data. ``returned``
     gets how the backend returned its outputs (and a backward its gradients): see _returned."""
     fwd, bwd = backend.resolve()
-    before = {k: _fingerprint(v) for k, v in inputs.tensors.items()}
-    g_before = {k: _fingerprint(v) for k, v in grad_outputs.items()}
+    before = {k: streaming.checksum(v) for k, v in inputs.tensors.items()}
+    g_before = {k: streaming.checksum(v) for k, v in grad_outputs.items()}
     options = {**inputs.options, **backend.options}
     with PoisonedAllocations() as poison:
         note = {} if returned is None else returned
@@ -78,8 +75,8 @@ def call_backend(
             grads = bwd(saved, grad_outputs)
             note["grads"] = _returned(grads)
         _sync(device)
-    modified = [k for k, v in inputs.tensors.items() if isinstance(v, Tensor) and not _same(v.detach(), before[k])]
-    modified += [f"grad of {k}" for k, v in grad_outputs.items() if not _same(v, g_before[k])]
+    modified = [k for k, v in inputs.tensors.items() if isinstance(v, Tensor) and streaming.checksum(v) != before[k]]
+    modified += [f"grad of {k}" for k, v in grad_outputs.items() if streaming.checksum(v) != g_before[k]]
     results = [("out:" + k, v) for k, v in outs.items()] + [("grad:" + k, v) for k, v in grads.items()]
     return {
         "outs": {k: v.detach() for k, v in outs.items() if isinstance(v, Tensor)},
@@ -171,7 +168,13 @@ def measure_all(op: OperatorSpec, backend: Backend, case: Case, ref: dict, got: 
     """The figures of every component of the case (shape, errors, floor, per-slice profiles)."""
     rows = []
     extra = ref["extra"]
+    plan = ref.get("plan")  # a chunked entry: what it keeps no whole oracle of is measured chunk by chunk
+    streamed = streaming.measure_split(op, backend, case, ref, got) if plan is not None else {}
     for comp in op.components:
+        if plan is not None and plan.split(comp.tensor_name):
+            if comp.name in streamed:
+                rows.append(streamed[comp.name])
+            continue
         table_o = ref["o_out"] if comp.kind == "out" else ref["o_grad"]
         table_k = got["outs"] if comp.kind == "out" else got["grads"]
         name = comp.tensor_name
@@ -205,6 +208,9 @@ def _low_precision_yardstick(op: OperatorSpec, case: Case, ref: dict, dtype: tor
     oracle per failing component: what "a kernel that computes in bf16" gives, the yardstick a precision
     diagnosis cites. Only for 16-bit cells with a component over its bound; cached with the oracle."""
     if dtype == torch.float32 or not any(verdict_of(f, op.k_max, op.k_rms).kind == "bound" for f in rows):
+        return
+    if ref.get("plan") is not None:
+        streaming.low_precision(op, case, ref, dtype, rows)
         return
     if "lowp" not in ref:
         try:
@@ -315,7 +321,7 @@ def run_cell(
     t1 = time.time()
     outputs = [n for n in op.outputs if n in ref["o_out"]]
     try:
-        got = once()
+        got, cell.backend_peak_mb = _alone(device, once)
     except OutputMismatch as e:
         cell.returned = _unexpected(op, returned, outputs)
         return _output_mismatch(op, cell, e)
@@ -332,9 +338,20 @@ def run_cell(
     if marked is not None:
         cell.kink_marked = int(marked)
     cell.contracts = _contracts(op, backend, case, got, fresh)
+    if "naive" in got:
+        cell.microbatch = _naive_report(op, case, ref, got["naive"])
+        _naive_per_component(op, case, ref, got["naive"], cell.components)
     if repeats > 1:
+        # a chunked case's results wait on the host while the backend runs again: the GPU then holds one
+        # run's results, as the backend alone does (the two runs are compared there)
+        parked = ref.get("plan") is not None and device.startswith("cuda")
+        if parked:
+            got = _to_host(got)
+            _release(device)
         t2 = time.time()
         again = once()
+        if parked:
+            again = _to_host(again)
         # the same call again: next to backend_s, what compilation and other first-call costs took
         cell.backend_again_s = round(time.time() - t2, 4)
         again.pop("impl")
@@ -346,9 +363,6 @@ def run_cell(
             "determinism", ok,
             kind + ("" if ok else " across two runs although the backend declares itself deterministic"),
             {"max_spread": spread}))
-    if "naive" in got:
-        cell.microbatch = _naive_report(op, case, ref, got["naive"])
-        _naive_per_component(op, case, ref, got["naive"], cell.components)
     verdicts = [verdict_of(f, op.k_max, op.k_rms).verdict for f in cell.components]
     if any(v == "FAIL" for v in verdicts) or not all(c.ok for c in cell.contracts):
         cell.status = Status.FAIL
@@ -357,6 +371,49 @@ def run_cell(
     cell.reference_s = round(t_ref, 4)
     cell.duration_s = round(time.time() - t0, 4)
     return cell
+
+
+def _to_host(got: dict[str, Any]) -> dict[str, Any]:
+    """A backend run's results (call_backend's dict) with every tensor moved to the host."""
+    def host(v: Any) -> Any:
+        if isinstance(v, Tensor):
+            return v.detach().to("cpu")
+        return {k: host(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+    return {k: host(v) for k, v in got.items()}
+
+
+class _Peaks:
+    """The GPU peaks of the running cell before _alone reset the allocator's counters to measure the
+    backend's call on its own (the worker records the cell's peak: peak_reserved_mb)."""
+
+    reserved = 0
+
+
+def reset_peaks() -> None:
+    """At a cell's start, on a GPU."""
+    _Peaks.reserved = 0
+    torch.cuda.reset_peak_memory_stats()
+
+
+def peak_reserved_mb() -> float:
+    """What the cell held on the GPU at most (reserved by the caching allocator), across _alone's resets."""
+    return round(max(_Peaks.reserved, torch.cuda.max_memory_reserved()) / 2**20)
+
+
+def _alone(device: str, call: Callable[[], Any]) -> tuple[Any, float | None]:
+    """``call()``, and on a GPU the memory it allocated at most beyond what was allocated before it: what the
+    backend's call needs on its own (its inputs, outputs, gradients, workspace), to set the harness's
+    share of the cell's peak against."""
+    if not device.startswith("cuda"):
+        return call(), None
+    torch.cuda.synchronize()
+    _Peaks.reserved = max(_Peaks.reserved, torch.cuda.max_memory_reserved())
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = call()
+    torch.cuda.synchronize()
+    return result, round((torch.cuda.max_memory_allocated() - base) / 2**20)
 
 
 def _output_mismatch(op: OperatorSpec, cell: CellRecord, e: OutputMismatch) -> CellRecord:
@@ -394,6 +451,12 @@ def _naive_per_component(op: OperatorSpec, case: Case, ref: dict, naive: dict[st
                          rows: list[ComponentFigures]) -> None:
     """Per gradient component, the relative rms error the classic microbatch mistake (each microbatch
     normalized by its own count) would make: a diagnosis compares the backend's error with it."""
+    if ref.get("plan") is not None:
+        per_comp = streaming.naive_figures(op, case, ref, naive)[1]
+        for fig in rows:
+            if fig.kind == "figures" and per_comp.get(fig.name) is not None:
+                fig.naive_rel_rms = per_comp[fig.name]
+        return
     for fig in rows:
         comp = op.component(fig.name)
         v, o = naive.get(comp.tensor_name), ref["o_grad"].get(comp.tensor_name)
@@ -406,6 +469,11 @@ def _naive_per_component(op: OperatorSpec, case: Case, ref: dict, naive: dict[st
 
 def _naive_report(op: OperatorSpec, case: Case, ref: dict, naive: dict[str, Tensor]) -> dict[str, Any]:
     out = {}
+    if ref.get("plan") is not None:
+        for n, (max_err, rel) in streaming.naive_figures(op, case, ref, naive)[0].items():
+            rel = rel or 0.0
+            out[n] = {"max_err": max_err, "rel_rms": rel if math.isfinite(rel) else str(rel)}
+        return {"k": case.microbatches, "per_microbatch_mean_error": out}
     for n, v in naive.items():
         o = ref["o_grad"].get(n)
         if o is None:

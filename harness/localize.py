@@ -86,34 +86,50 @@ def profiles(
         if ax.dim >= e.dim():
             continue
         n = e.shape[ax.dim]
-        size = block_size(ax, blocks, params)
-        ns = -(-n // size)
-        bucket = -(-ns // MAX_BUCKETS)
-        group = size * bucket
-        nb = -(-n // group)
+        size, ns, bucket, group, nb = slicing(ax, n, blocks, params)
 
         def red(x: Tensor, how: str, group: int = group, nb: int = nb, dim: int = ax.dim) -> Tensor:
             return _per_slice(x, dim, group, nb, how)
 
-        count = red(torch.ones_like(e_fin), "count")
-        ko, oo, kk = red(kf * of, "count"), red(of * of, "count"), red(kf * kf, "count")
-        scale = torch.where(oo > 0, ko / oo.clamp_min(1e-300), torch.zeros_like(oo))
-        scaled = ((kk - 2 * scale * ko + scale * scale * oo).clamp_min(0) / count.clamp_min(1)).sqrt()
-        nzero, nonz_o = red(kz, "count"), red(onz, "count")
-        out.append(SliceProfile(
-            axis=ax.name, block=size, extent=n, slices=ns, bucket=bucket,
-            err_max=_floats(red(e, "max")),
-            err_rms=_floats((red(e_fin, "sumsq") / count.clamp_min(1)).sqrt()),
-            floor_max=_floats(red(fl, "max")),
-            floor_rms=_floats((red(fl, "sumsq") / count.clamp_min(1)).sqrt()),
-            oracle_max=_floats(red(of.abs(), "max")),
-            count=[int(c) for c in count.tolist()],
-            scale=_floats(scale),
-            scaled_rms=_floats(scaled),
-            zero=((nzero == nonz_o) & (nonz_o > 0)).nonzero().flatten().tolist(),
-            nonfinite=(red(nonfin, "count") > 0).nonzero().flatten().tolist(),
-        ))
+        sums = {"count": red(torch.ones_like(e_fin), "count"), "ko": red(kf * of, "count"),
+                "oo": red(of * of, "count"), "kk": red(kf * kf, "count"), "nzero": red(kz, "count"),
+                "nonz_o": red(onz, "count"), "err_max": red(e, "max"), "err_ss": red(e_fin, "sumsq"),
+                "floor_max": red(fl, "max"), "floor_ss": red(fl, "sumsq"), "oracle_max": red(of.abs(), "max"),
+                "nonfinite": red(nonfin, "count")}
+        out.append(slice_profile(ax.name, size, n, ns, bucket, sums))
     return out
+
+
+def slicing(ax: Axis, n: int, blocks: dict[str, int], params: dict) -> tuple[int, int, int, int, int]:
+    """How an axis of extent ``n`` is cut: (block size, slices, slices per bucket, indices per bucket,
+    buckets)."""
+    size = block_size(ax, blocks, params)
+    ns = -(-n // size)
+    bucket = -(-ns // MAX_BUCKETS)
+    group = size * bucket
+    return size, ns, bucket, group, -(-n // group)
+
+
+def slice_profile(axis: str, size: int, n: int, ns: int, bucket: int, sums: dict[str, Tensor]) -> SliceProfile:
+    """The SliceProfile of one axis from its per-bucket sums and maxima (see profiles(); a chunked cell
+    gathers the same ones chunk by chunk, harness/streaming.py)."""
+    count, ko, oo, kk = sums["count"], sums["ko"], sums["oo"], sums["kk"]
+    scale = torch.where(oo > 0, ko / oo.clamp_min(1e-300), torch.zeros_like(oo))
+    scaled = ((kk - 2 * scale * ko + scale * scale * oo).clamp_min(0) / count.clamp_min(1)).sqrt()
+    nzero, nonz_o = sums["nzero"], sums["nonz_o"]
+    return SliceProfile(
+        axis=axis, block=size, extent=n, slices=ns, bucket=bucket,
+        err_max=_floats(sums["err_max"]),
+        err_rms=_floats((sums["err_ss"] / count.clamp_min(1)).sqrt()),
+        floor_max=_floats(sums["floor_max"]),
+        floor_rms=_floats((sums["floor_ss"] / count.clamp_min(1)).sqrt()),
+        oracle_max=_floats(sums["oracle_max"]),
+        count=[int(c) for c in count.tolist()],
+        scale=_floats(scale),
+        scaled_rms=_floats(scaled),
+        zero=((nzero == nonz_o) & (nonz_o > 0)).nonzero().flatten().tolist(),
+        nonfinite=(sums["nonfinite"] > 0).nonzero().flatten().tolist(),
+    )
 
 
 def _floats(x: Tensor) -> list[float]:
@@ -155,11 +171,13 @@ def matches(pattern: Any, bad: list[int], slices: int) -> bool:
     return set(bad) == want
 
 
-def grid(
-    e: Tensor, axes: tuple[Axis, ...], blocks: dict[str, int], params: dict, cap: int = 64
-) -> dict[str, Any] | None:
-    """Max error over slices of the two widest axes on different dimensions (for a heatmap)."""
-    cand = [(ax, -(-e.shape[ax.dim] // block_size(ax, blocks, params))) for ax in axes if ax.dim < e.dim()]
+def grid_layout(
+    shape: tuple[int, ...], axes: tuple[Axis, ...], blocks: dict[str, int], params: dict, cap: int = 64
+) -> tuple[Axis, Axis, list[int]] | None:
+    """The heatmap's two axes (the widest on different dimensions, in dimension order) and their block
+    sizes (at most ``cap`` blocks each), for a component of this shape; None when there is no second axis."""
+    dims = len(shape)
+    cand = [(ax, -(-shape[ax.dim] // block_size(ax, blocks, params))) for ax in axes if ax.dim < dims]
     cand = [(ax, n) for ax, n in cand if n > 1]
     cand.sort(key=lambda x: -x[1])
     pick = []
@@ -171,19 +189,30 @@ def grid(
     if not pick:
         return None
     if len(pick) == 1:  # a strip along the one axis that has several slices
-        pick.insert(0, next((ax for ax in axes if ax.dim < e.dim() and ax.dim != pick[0].dim), None) or pick[0])
+        pick.insert(0, next((ax for ax in axes if ax.dim < dims and ax.dim != pick[0].dim), None) or pick[0])
         if pick[0] is pick[1]:
             return None
     a, b = sorted(pick, key=lambda ax: ax.dim)
-    x = torch.where(torch.isfinite(e), e, torch.full_like(e, float("inf")))
-    x = x.movedim((a.dim, b.dim), (0, 1)).reshape(e.shape[a.dim], e.shape[b.dim], -1).amax(-1)
     sizes = []
-    for i, ax in enumerate((a, b)):
+    for ax in (a, b):
         size = block_size(ax, blocks, params)
-        n = x.shape[i]
+        n = shape[ax.dim]
         while -(-n // size) > cap:
             size *= 2
         sizes.append(size)
+    return a, b, sizes
+
+
+def grid(
+    e: Tensor, axes: tuple[Axis, ...], blocks: dict[str, int], params: dict, cap: int = 64
+) -> dict[str, Any] | None:
+    """Max error over slices of the two widest axes on different dimensions (for a heatmap)."""
+    layout = grid_layout(tuple(e.shape), axes, blocks, params, cap)
+    if layout is None:
+        return None
+    a, b, sizes = layout
+    x = torch.where(torch.isfinite(e), e, torch.full_like(e, float("inf")))
+    x = x.movedim((a.dim, b.dim), (0, 1)).reshape(e.shape[a.dim], e.shape[b.dim], -1).amax(-1)
     na, nb = -(-x.shape[0] // sizes[0]), -(-x.shape[1] // sizes[1])
     x = torch.nn.functional.pad(x, (0, nb * sizes[1] - x.shape[1], 0, na * sizes[0] - x.shape[0]), value=0.0)
     x = x.reshape(na, sizes[0], nb, sizes[1]).amax(dim=(1, 3))

@@ -11,10 +11,13 @@ import inspect
 import re
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from . import chunking
+from .chunking import ChunkPlan, PartialSums, draw_signs, nudge
 from .inputs import generator, place, randn
 from .spec import Case, Inputs, OperatorSpec
 from .tf32 import TF32Matmuls
@@ -64,12 +67,25 @@ _DRAWN: dict[str, Any] = {}  # what -> draw, all of the case named by _DRAWN_FOR
 _DRAWN_FOR: list[tuple] = []
 
 
-def _replica(v: Any) -> Any:
-    """A tensor with its own storage: the whole buffer (padding included) copied, same view on it."""
+# A pristine draw past this size is kept on the host when its cell runs on a GPU: the GPU then holds the
+# backend's copy of the inputs, not a second one the harness keeps (issue #26: the harness's peak within
+# the backend's own plus 6 GB at the sizes where 64-bit offsets matter).
+HOST_DRAW_BYTES = 1 << 30
+
+
+def _replica(v: Any, device: str | torch.device | None = None) -> Any:
+    """A tensor with its own storage on ``device`` (default: its own): the whole buffer (padding included)
+    copied, same view on it."""
     if not isinstance(v, Tensor):
         return v
-    r = torch.empty(0, dtype=v.dtype, device=v.device)
-    r.set_(v.untyped_storage().clone(), v.storage_offset(), v.size(), v.stride())
+    dev = v.device if device is None else torch.device(device)
+    if dev == v.device:
+        storage = v.untyped_storage().clone()
+    else:  # the raw bytes moved, so that strides, offset and padding stay what they were
+        raw = torch.empty(0, dtype=torch.uint8, device=v.device).set_(v.untyped_storage())
+        storage = raw.to(dev).untyped_storage()
+    r = torch.empty(0, dtype=v.dtype, device=dev)
+    r.set_(storage, v.storage_offset(), v.size(), v.stride())
     return r.requires_grad_(v.requires_grad)
 
 
@@ -82,6 +98,14 @@ def _drawn(key: tuple, what: str, make: Callable[[], Any]) -> Any:
     return _DRAWN[what]
 
 
+def _kept(tensors: dict[str, Any], device: str) -> dict[str, Any]:
+    """A pristine draw as the cache keeps it: on the host when it is large and its cell runs on a GPU."""
+    size = sum(v.untyped_storage().nbytes() for v in tensors.values() if isinstance(v, Tensor))
+    if not str(device).startswith("cuda") or size <= HOST_DRAW_BYTES:
+        return tensors
+    return {k: _replica(v, "cpu") for k, v in tensors.items()}
+
+
 def _draw_key(op: OperatorSpec, case: Case, seed: int, device: str) -> tuple:
     import json
 
@@ -89,14 +113,22 @@ def _draw_key(op: OperatorSpec, case: Case, seed: int, device: str) -> tuple:
 
 
 def gen_inputs(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int, device: str) -> Inputs:
+    """A fresh copy of the case's inputs on ``device``, same values, strides and padding every time."""
+    inp = drawn_inputs(op, case, dtype, seed, device)
+    return Inputs({k: _replica(v, device) for k, v in inp.tensors.items()}, dict(inp.options))
+
+
+def drawn_inputs(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int, device: str) -> Inputs:
+    """The pristine draw of a case's inputs, cached (on the host when large; see HOST_DRAW_BYTES): to read,
+    never to hand to a backend (gen_inputs gives copies)."""
     def make() -> Inputs:
         # a layout twin draws its base case's values, then re-places them (harness/twins.py)
         base = base_case(case)
         drawn = op.make_inputs(base, dtype, generator(op.name, base.name, base.params, seed), device)
-        return twin_inputs(op, case, drawn, device)
+        drawn = twin_inputs(op, case, drawn, device)
+        return Inputs(_kept(drawn.tensors, device), drawn.options)
 
-    inp = _drawn(_draw_key(op, case, seed, device), f"inputs/{dtype}", make)
-    return Inputs({k: _replica(v) for k, v in inp.tensors.items()}, dict(inp.options))
+    return _drawn(_draw_key(op, case, seed, device), f"inputs/{dtype}", make)
 
 
 def output_contract(op: OperatorSpec, tensors: dict[str, Tensor | None]) -> dict[str, torch.dtype]:
@@ -116,13 +148,17 @@ def gen_grad_outputs(
     shapes: dict[str, tuple],
     dtypes: dict[str, torch.dtype],
     device: str,
+    copy: bool = True,
 ) -> dict[str, Tensor]:
+    """The case's upstream gradients: a fresh copy on ``device``, or without ``copy`` the cached draw itself
+    (to read only)."""
     # the draw may depend on the inputs (their dtypes name them: same case, seed and device)
     ins = sorted((k, str(v.dtype)) for k, v in tensors.items() if isinstance(v, Tensor))
     what = f"grad/{ins}/{sorted(shapes.items())}/{sorted((k, str(v)) for k, v in dtypes.items())}"
-    out = _drawn(_draw_key(op, case, seed, device), what, lambda: twin_grad_outputs(
-        op, case, tensors, _make_grad_outputs(op, base_case(case), seed, tensors, shapes, dtypes, device), device))
-    return {k: _replica(v) for k, v in out.items()}
+    out = _drawn(_draw_key(op, case, seed, device), what, lambda: _kept(twin_grad_outputs(
+        op, case, tensors, _make_grad_outputs(op, base_case(case), seed, tensors, shapes, dtypes, device), device),
+        device))
+    return {k: _replica(v, device) for k, v in out.items()} if copy else out
 
 
 def _make_grad_outputs(op: OperatorSpec, case: Case, seed: int, tensors: dict, shapes: dict[str, tuple],
@@ -282,8 +318,16 @@ def oracle_and_floor(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int
     if key in _ORACLE_CACHE:
         _ORACLE_CACHE.move_to_end(key)
         return _ORACLE_CACHE[key]
+    drawn = drawn_inputs(op, case, dtype, seed, device)
+    contract = output_contract(op, drawn.tensors)
+    plan = chunking.plan(op, drawn)
+    if plan is not None:
+        # one entry, as below; a chunked one holds no result of the whole case's size, and reads the
+        # pristine draw (which it never writes) instead of a copy of it
+        _ORACLE_CACHE.clear()
+        _ORACLE_CACHE[key] = _oracle_and_floor_chunked(op, case, drawn, contract, plan, seed, device, tf32)
+        return _ORACLE_CACHE[key]
     inputs = gen_inputs(op, case, dtype, seed, device)
-    contract = output_contract(op, inputs.tensors)
     o_out, _, _ = reference_run(op, inputs, None, torch.float64)
     shapes = {k: tuple(v.shape) for k, v in o_out.items()}
     g = gen_grad_outputs(op, case, seed, inputs.tensors, shapes, contract, device)
@@ -391,17 +435,10 @@ def _perturb(tensors: dict[str, Any], gen: torch.Generator, rel: float = PERTURB
     another sample of the floor's rounding.
 
     The signs are drawn on the tensor's own device from a seed taken from ``gen``: drawn on the CPU and
-    copied, they cost seconds per sample for a [4096, 32000] input, most of a GPU cell's time."""
-    out = {}
-    for k, v in tensors.items():
-        if isinstance(v, Tensor) and v.is_floating_point():
-            dev_gen = torch.Generator(device=v.device)
-            dev_gen.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
-            sign = torch.randint(0, 2, tuple(v.shape), generator=dev_gen, device=v.device, dtype=torch.float32)
-            out[k] = v.detach().to(torch.float32) * (1 + rel * (sign * 2 - 1))
-        else:
-            out[k] = v
-    return out
+    copied, they cost seconds per sample for a [4096, 32000] input, most of a GPU cell's time. A chunked
+    case draws the same signs (chunking.draw_signs) and nudges each chunk's part of them."""
+    signs = draw_signs(tensors, gen)
+    return {k: nudge(v, signs[k], rel) if k in signs else v for k, v in tensors.items()}
 
 
 def microbatch_parts(op: OperatorSpec, inputs: Inputs, grad_outputs: dict, k: int, case: Case, seed: int):
@@ -450,8 +487,283 @@ def naive_microbatch(op: OperatorSpec, split: list[tuple[Inputs, dict]], mb: Any
     grads: dict[str, list[Tensor]] = {}
     for part, g in split:
         naive = Inputs(part.tensors, mb.naive_options(dict(part.options)))
-        _, gr, _ = reference_run(op, naive, g, torch.float64)
+        plan = chunking.plan(op, naive)
+        if plan is None:
+            _, gr, _ = reference_run(op, naive, g, torch.float64)
+        else:  # a microbatch past the chunk budget: its float64 graph chunk by chunk, its gradients whole
+            _, gr = evaluate_chunked(op, resolved_plan(op, plan, naive)[0], naive, g, torch.float64)
         for n, v in gr.items():
             if v is not None:
                 grads.setdefault(n, []).append(v)
     return {n: combine(mb, n, v) for n, v in grads.items()}
+
+
+# ---- chunk by chunk (OperatorSpec.separable; harness/chunking.py, harness/streaming.py) --------------------
+
+def _meta(shape: tuple[int, ...]) -> Tensor:
+    """Where a chunked entry keeps a result it does not hold: its shape and dtype, without storage."""
+    return torch.empty(shape, dtype=torch.float64, device="meta")
+
+
+def rounded(kind: str, name: str, t: Tensor | None, inputs: Inputs, contract: dict) -> Tensor | None:
+    """A floor result rounded to what the backend must return: an output to its contract dtype, a
+    gradient to its input's dtype."""
+    if t is None:
+        return None
+    return t.to(contract.get(name, t.dtype) if kind == "out" else inputs.tensors[name].dtype)
+
+
+def resolved_plan(op: OperatorSpec, plan: ChunkPlan, inputs: Inputs) -> tuple[ChunkPlan, dict[str, tuple]]:
+    """``plan`` with its outputs resolved (ChunkPlan.resolve) from the forward of its first chunk, and the
+    whole case's output shapes."""
+    cin, _ = plan.chunk_inputs(inputs, None, plan.chunks[0])
+    first, _, _ = reference_run(op, cin, None, torch.float64)
+    return plan.resolve(first)
+
+
+def chunk_references(op: OperatorSpec, plan: ChunkPlan, inputs: Inputs, grad_outputs: dict[str, Tensor],
+                     tf32: bool, signs: dict[str, Tensor] | None = None, rel: float = 0.0, floor: bool = True):
+    """Per chunk, in order: the chunk, its oracle's outputs and gradients (float64) and its floor's (float32
+    math, unrounded: partial sums are added up before they are rounded; empty without ``floor``)."""
+    for chunk in plan.chunks:
+        cin, cg = plan.chunk_inputs(inputs, grad_outputs, chunk, signs, rel)
+        oo, og, _ = reference_run(op, cin, cg, torch.float64)
+        ro, rg = ({}, {})
+        if floor:
+            ro, rg, _ = reference_run(op, cin, cg, torch.float32, tf32=tf32)
+        yield chunk, oo, og, ro, rg
+
+
+def evaluate_chunked(op: OperatorSpec, plan: ChunkPlan, inputs: Inputs, grad_outputs: dict[str, Tensor] | None,
+                     compute: torch.dtype, tf32: bool = False) -> tuple[dict, dict]:
+    """reference_run's outputs and gradients evaluated chunk by chunk and put together whole (partial sums
+    added: in a running sum in float64, pairwise otherwise). For results that must be whole and are not
+    the case's largest: a microbatch's naive gradients."""
+    sums = PartialSums(plan, tree=compute != torch.float64)
+    tables: dict[str, dict[str, Any]] = {"out": {}, "grad": {}}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for chunk in plan.chunks:
+        cin, cg = plan.chunk_inputs(inputs, grad_outputs, chunk)
+        outs, grads, _ = reference_run(op, cin, cg, compute, tf32=tf32)
+        for kind, res in (("out", outs), ("grad", grads if grad_outputs is not None else {})):
+            for name, t in res.items():
+                if t is not None:
+                    shapes[name] = plan.whole_shape(name, t) if kind == "out" else tuple(inputs.tensors[name].shape)
+                if t is None or not plan.split(name):
+                    tables[kind][name] = None
+                    sums.add(name, chunk, t)
+                    continue
+                if tables[kind].get(name) is None:
+                    tables[kind][name] = torch.zeros(shapes[name], dtype=t.dtype, device=t.device)
+                tables[kind][name][plan.index(name, chunk)] = t
+    for table in tables.values():
+        for name in table:
+            if not plan.split(name):
+                table[name] = sums.result(name, shapes.get(name, ()))
+    return tables["out"], tables["grad"]
+
+
+def _oracle_and_floor_chunked(op: OperatorSpec, case: Case, inputs: Inputs, contract: dict, plan: ChunkPlan,
+                              seed: int, device: str, tf32: bool) -> dict:
+    """oracle_and_floor of a case cut into chunks: the same floor samples (nudged by the same signs),
+    evaluated chunk by chunk. The results of tensors with every axis of the plan are not kept: their
+    components are measured chunk by chunk against the backend's (harness/streaming.py), re-evaluating
+    the oracle and the unnudged floor there; of the nudged samples only their summaries are kept, as in
+    the whole entry. Partial sums (a shared weight's gradient, a loss reduced to a scalar) are added up,
+    the floor's pairwise in float32 before rounding, and kept whole like any result of the whole entry."""
+    plan, shapes = resolved_plan(op, _on_device(plan, inputs.tensors, device), inputs)
+    for comp in op.components:  # before the evaluation: a view that a chunk has no place in
+        t = shapes.get(comp.tensor_name) if comp.kind == "out" else inputs.tensors.get(comp.tensor_name)
+        if plan.split(comp.tensor_name) and t is not None:
+            for chunk in (plan.chunks[0], plan.chunks[-1]):
+                view_box(comp, plan, chunk, tuple(t if comp.kind == "out" else t.shape), case.params)
+    g = gen_grad_outputs(op, case, seed, inputs.tensors, shapes, contract, device, copy=False)
+    plan = _on_device(plan, g, device)
+    split = [c for c in op.components if plan.split(c.tensor_name)]
+    params = case.params
+    pgen = generator(op.name, case.name, case.params, seed, "floor-samples")
+    rel = PERTURB_TF32 if tf32 else PERTURB
+    summaries: dict[str, list[FloorSummary]] = {}
+    first: dict[str, FloorSummary] = {}
+    o_out: dict[str, Any] = {}
+    o_grad: dict[str, Any] = {}
+    err_out: dict[str, list] = {}
+    err_grad: dict[str, list] = {}
+    for sample in range(FLOOR_SAMPLES + 1):
+        signs = None
+        if sample:
+            signs = draw_signs(inputs.tensors, pgen, per_chunk=plan.device is not None)
+            signs.update(draw_signs(g, pgen, per_chunk=plan.device is not None))
+        o_sums, r_sums = PartialSums(plan, tree=False), PartialSums(plan, tree=True)
+        accs = {c.name: chunking.SummaryAcc() for c in split}
+        seen: dict[str, dict[str, bool]] = {"out": {}, "grad": {}}
+        for chunk, oo, og, ro, rg in chunk_references(op, plan, inputs, g, tf32, signs, rel):
+            for kind, o_t, r_t in (("out", oo, ro), ("grad", og, rg)):
+                for name, ov in o_t.items():
+                    seen[kind].setdefault(name, ov is not None)
+                    if not plan.split(name):
+                        o_sums.add(name, chunk, ov)
+                        r_sums.add(name, chunk, r_t.get(name))
+            for c in split:
+                o_t, r_t = (oo, ro) if c.kind == "out" else (og, rg)
+                err = _err(rounded(c.kind, c.tensor_name, r_t.get(c.tensor_name), inputs, contract),
+                           o_t.get(c.tensor_name))
+                if err is not None:
+                    accs[c.name].add(c.select(err, params), c.select(o_t[c.tensor_name], params))
+        whole: dict[str, dict[str, tuple]] = {"out": {}, "grad": {}}  # partial sums added up: (oracle, floor)
+        for kind, names in seen.items():
+            for name in names:
+                if not plan.split(name):
+                    shape = shapes[name] if kind == "out" else tuple(inputs.tensors[name].shape)
+                    o = o_sums.result(name, shape)
+                    whole[kind][name] = (o, rounded(kind, name, r_sums.result(name, shape), inputs, contract))
+        if sample == 0:
+            for kind, table, errs in (("out", o_out, err_out), ("grad", o_grad, err_grad)):
+                for name, present in seen[kind].items():
+                    if name in whole[kind]:
+                        o, r = whole[kind][name]
+                        table[name], errs[name] = o, [_err(r, o)]
+                    else:
+                        shape = shapes[name] if kind == "out" else tuple(inputs.tensors[name].shape)
+                        table[name] = _meta(shape) if present else None
+            first = {name: acc.summary() for name, acc in accs.items() if acc.seen}
+            continue
+        for comp in op.components:
+            if comp.name in accs:
+                if accs[comp.name].seen:
+                    summaries.setdefault(comp.name, []).append(accs[comp.name].summary())
+                continue
+            o, r = whole[comp.kind].get(comp.tensor_name, (None, None))
+            err = _err(r, o)
+            if err is not None:
+                summaries.setdefault(comp.name, []).append(
+                    FloorSummary.of(comp.select(err, params), comp.select(o, params)))
+        del signs, o_sums, r_sums, whole
+    if case.microbatches > 1 and op.microbatch is not None:
+        _floor_microbatched_chunked(op, inputs, g, case, seed, contract, tf32, plan, o_out, o_grad, summaries)
+    extra: dict[str, Any] = {}
+    if op.extra_bound is not None:
+        params_ = inspect.signature(op.extra_bound).parameters
+        kw: dict[str, Any] = {"matmul_precision": "tf32"} if tf32 and "matmul_precision" in params_ else {}
+        if "floor_max" in params_:
+            kw["floor_max"] = {comp.name: max(_floor_max(op, case, err_out, err_grad, o_out, o_grad, summaries, comp),
+                                              first[comp.name].max if comp.name in first else 0.0)
+                               for comp in op.components}
+        extra = op.extra_bound(_upcast(inputs.tensors, torch.float64), _upcast(g, torch.float64), case, **kw) or {}
+    return {
+        "inputs": inputs,
+        "contract": contract,
+        "grad_outputs": g,
+        "o_out": o_out,
+        "o_grad": o_grad,
+        "r_out": err_out,
+        "r_grad": err_grad,
+        "r_summaries": summaries,
+        "extra": extra,
+        # chunked: the components of tensors with every axis are measured chunk by chunk (streaming.py)
+        "plan": plan,
+        "tf32": tf32,
+    }
+
+
+def _on_device(plan: ChunkPlan, tensors: dict[str, Any], device: str) -> ChunkPlan:
+    """The plan that evaluates each chunk on the GPU when some of the case's tensors are kept on the host
+    (HOST_DRAW_BYTES)."""
+    if plan.device is None and str(device).startswith("cuda") and any(
+            isinstance(v, Tensor) and v.device.type == "cpu" for v in tensors.values()):
+        return replace(plan, device=str(device))
+    return plan
+
+
+def _floor_microbatched_chunked(op: OperatorSpec, inputs: Inputs, g: dict, case: Case, seed: int, contract: dict,
+                                tf32: bool, plan: ChunkPlan, o_out: dict, o_grad: dict,
+                                into: dict[str, list[FloorSummary]]) -> None:
+    """_floor_microbatched of a chunked case, each microbatch chunk by chunk: its float32 results against the
+    oracle of the same chunk (a microbatch carries the whole case's normalizer, so its oracle is the whole
+    case's on its rows); its partial sums rounded per microbatch, then combined across microbatches."""
+    mb = op.microbatch
+    assert mb is not None
+    params = case.params
+    split = [c for c in op.components if plan.split(c.tensor_name)]
+    accs = {c.name: chunking.SummaryAcc() for c in split}
+    parts: dict[tuple[str, str], list[Tensor]] = {}
+    for part, pg in microbatch_parts(op, inputs, g, case.microbatches, case, seed):
+        part_plan = chunking.plan(op, part, single=True)
+        assert part_plan is not None
+        part_plan = replace(part_plan, device=plan.device)
+        pplan, _ = resolved_plan(op, part_plan, part)
+        sums = PartialSums(pplan, tree=True)
+        shapes: dict[tuple[str, str], tuple[int, ...]] = {}
+        for chunk, oo, og, ro, rg in chunk_references(op, pplan, part, pg, tf32):
+            for kind, r_t in (("out", ro), ("grad", rg)):
+                for name, rv in r_t.items():
+                    if (mb.combine.get(name, "sum") == "cat0") != pplan.split(name):
+                        raise ValueError(f"operator {op.name!r}: the microbatch split combines {name!r} by "
+                                         f"{mb.combine.get(name, 'sum')!r}, but the separable axes "
+                                         f"{'cut' if pplan.split(name) else 'sum'} it")
+                    if not pplan.split(name) and rv is not None:
+                        shapes[(kind, name)] = pplan.whole_shape(name, rv) if kind == "out" else \
+                            tuple(part.tensors[name].shape)
+                        sums.add(name, chunk, rv)
+            for c in split:
+                o_t, r_t = (oo, ro) if c.kind == "out" else (og, rg)
+                err = _err(rounded(c.kind, c.tensor_name, r_t.get(c.tensor_name), part, contract),
+                           o_t.get(c.tensor_name))
+                if err is not None:
+                    accs[c.name].add(c.select(err, params), c.select(o_t[c.tensor_name], params))
+        for (kind, name), shape in shapes.items():
+            parts.setdefault((kind, name), []).append(rounded(kind, name, sums.result(name, shape), part, contract))
+    combined = {key: combine(mb, key[1], vals) for key, vals in parts.items()}
+    for comp in op.components:
+        if comp.name in accs:
+            if accs[comp.name].seen:
+                into.setdefault(comp.name, []).append(accs[comp.name].summary())
+            continue
+        o = (o_out if comp.kind == "out" else o_grad).get(comp.tensor_name)
+        err = _err(combined.get((comp.kind, comp.tensor_name)), o)
+        if err is not None:
+            into.setdefault(comp.name, []).append(FloorSummary.of(comp.select(err, params),
+                                                                  comp.select(o, params)))
+
+
+def view_box(comp: Any, plan: ChunkPlan, chunk: tuple, shape: tuple[int, ...],
+             params: dict) -> tuple[tuple[int, int], ...]:
+    """Where a chunk's part of a component lies in the component (a range per dimension of its view).
+
+    A component of a tensor with every axis of the plan is the tensor itself or a reshape of it (a view
+    with the tensor's elements in their row-major order): a chunk whose elements are consecutive in that
+    order (outer dims one index, inner dims whole) then lands on consecutive ones of the view, which must
+    form a box there too (measured chunk by chunk, harness/streaming.py)."""
+    name = comp.tensor_name
+    box = plan.box(name, chunk, shape)
+    if comp.view is None:
+        return box
+    full = torch.empty(shape, device="meta")
+    fv = comp.select(full, params)
+    where = (f"component {comp.name!r} of operator tensor {name!r}: a chunked case measures it chunk by chunk, "
+             "which needs its view to be a reshape of the tensor that keeps each chunk a box")
+    if not (fv.is_contiguous() and fv.storage_offset() == 0 and fv.numel() == full.numel()):
+        raise ValueError(f"{where}; this view is not a reshape (shape {list(fv.shape)} of {list(shape)})")
+    cs = tuple(comp.select(torch.empty([b - a for a, b in box], device="meta"), params).shape)
+    if len(cs) != fv.dim():
+        raise ValueError(f"{where}; a chunk's view has {len(cs)} dims, the whole's {fv.dim()}")
+    flat = 0
+    for (a, _b), n in zip(box, shape, strict=True):
+        flat = flat * n + a
+    start, rest = [], flat
+    for n in reversed(fv.shape):
+        start.append(rest % n)
+        rest //= n
+    vbox = tuple((a, a + c) for a, c in zip(reversed(start), cs, strict=True))
+    if not (_is_run(box, shape) and _is_run(vbox, tuple(fv.shape))):
+        raise ValueError(f"{where}; the chunk {box} of shape {list(shape)} lands on {vbox} of {list(fv.shape)}")
+    return vbox
+
+
+def _is_run(box: tuple[tuple[int, int], ...], shape: tuple[int, ...]) -> bool:
+    """Are the box's elements consecutive in row-major order (one index on outer dims, whole inner dims)?"""
+    partial = [d for d, ((a, b), n) in enumerate(zip(box, shape, strict=True)) if (a, b) != (0, n)]
+    if not partial:
+        return True
+    j = partial[-1]
+    return all(b - a == 1 for a, b in box[:j]) and all(b <= n for (_a, b), n in zip(box, shape, strict=True))

@@ -282,7 +282,13 @@ class CellRecord:
     backend_again_s: float | None = None
     duration_s: float | None = None
     peak_mem_mb: float | None = None
+    # on a GPU, what the backend's first call held at most (its inputs, outputs, gradients and workspace, MB
+    # allocated): the harness's own share of peak_mem_mb is the rest (issue #26: at most 6 GB)
+    backend_peak_mb: float | None = None
     worker: Any = None
+    # where the cell ran when that is not the run's own machine (harness/ray_executor.py): executor, node,
+    # worker, host, the harness worker's pid, device class and package versions there
+    ran_on: dict[str, Any] | None = None
     run_id: str | None = None
     schema: int = SCHEMA_VERSION
 

@@ -40,9 +40,9 @@ def _nbytes(tensors: dict[str, Any]) -> int:
 
 def input_digest(op: Any, case: Case, dtype: torch.dtype, seed: int, device: str) -> tuple[str, int]:
     """Digest and size of a cell's inputs as drawn (bit-identical on every device, see oracle)."""
-    from .oracle import gen_inputs
+    from .oracle import drawn_inputs
 
-    inputs = gen_inputs(op, case, dtype, seed, device)
+    inputs = drawn_inputs(op, case, dtype, seed, device)  # the cached draw itself: no copy of a large case
     return _digest(inputs.tensors), _nbytes(inputs.tensors)
 
 

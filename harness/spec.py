@@ -80,6 +80,37 @@ class Inputs:
 
 
 @dataclass(frozen=True)
+class SplitAxis:
+    """One axis of :class:`Separable`: the dimension of each named input or output that runs along it,
+    e.g. ``SplitAxis("row", {"logits": 0, "targets": 0, "loss": 0})``."""
+
+    name: str
+    dims: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Separable:
+    """Axes along which an operator's math is independent, so that the harness evaluates its float64
+    oracle and float32 floor chunk by chunk (harness/chunking.py) instead of on the whole case at once.
+
+    A chunk is a range of one axis (outer axes one index at a time, as in ``axes``' order); every input
+    is sliced along the axes it has, and so is the upstream gradient of an output that has them. The
+    reference on a chunk must give that chunk's part of every output and gradient whose tensor has every
+    axis, and a partial sum of every other one: the gradient of an input that lacks an axis (a shared
+    weight), or an output named on an axis that lacks that dimension in a case (a loss reduced to a
+    scalar). The harness adds the partial sums up over the chunks: in float64 for the oracle, in float32
+    by a pairwise tree for the floor. ``options(inputs)`` gives options that every chunk gets so that this
+    holds (the whole case's count of a mean). ``slice_bytes(inputs)`` is what the float64 reference holds
+    per index of the axes (attention: its [L, L] intermediates per head), to size the chunks; by default
+    a multiple of the sliced inputs' own size.
+    """
+
+    axes: tuple[SplitAxis, ...]
+    options: Callable[[Inputs], dict[str, Any]] | None = None
+    slice_bytes: Callable[[Inputs], int] | None = None
+
+
+@dataclass(frozen=True)
 class PerfTarget:
     """A speed or memory target of one backend on the operator's GPU bench cases, which `harness bench`
     checks and the bench report and reports/STATUS.md show as met or missed.
@@ -174,6 +205,8 @@ class OperatorSpec:
     # elementwise allowance per component for inputs on a non-differentiable point
     extra_bound: Callable[[dict, dict, Case], dict[str, Tensor]] | None = None
     microbatch: MicrobatchSpec | None = None
+    # axes along which the oracle and the floor may be evaluated chunk by chunk (memory-lean oracle)
+    separable: Separable | None = None
     # invariants beyond the reference: fn(outputs, grads, inputs, case) -> list of failure strings
     invariants: Callable[[dict, dict, Inputs, Case], list[str]] | None = None
     k_max: float = 3.0
@@ -190,6 +223,7 @@ class OperatorSpec:
     doc: str = ""
 
     def __post_init__(self) -> None:
+        self._check_separable()
         if self.components:
             # (components equal to the derived ones: a dataclasses.replace() of a spec that had them derived)
             if (self.dims or self.dim_blocks) and self.components != default_components(self):
@@ -197,6 +231,25 @@ class OperatorSpec:
                                  "with components given, put the axes in them (Axis(name, dim, block=...))")
             return
         self.components = default_components(self)
+
+    def _check_separable(self) -> None:
+        """A separable axis names inputs and outputs of this operator, each once per axis."""
+        if self.separable is None:
+            return
+        names = set(self.inputs) | set(self.outputs)
+        for ax in self.separable.axes:
+            unknown = sorted(set(ax.dims) - names)
+            if unknown:
+                raise ValueError(f"operator {self.name!r}: separable axis {ax.name!r} names {', '.join(unknown)}, "
+                                 f"which are neither inputs ({', '.join(self.inputs)}) nor outputs "
+                                 f"({', '.join(self.outputs)})")
+            if any(not isinstance(d, int) or d < 0 for d in ax.dims.values()):
+                raise ValueError(f"operator {self.name!r}: separable axis {ax.name!r}: dims must be "
+                                 f"non-negative ints, got {ax.dims!r}")
+        both = sorted(set(self.inputs) & set(self.outputs))
+        if both:
+            raise ValueError(f"operator {self.name!r}: {', '.join(both)} is both an input and an output; a "
+                             "separable axis could not tell their chunks apart")
 
     @property
     def dtype_tensor(self) -> str:

@@ -24,7 +24,7 @@ def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threa
     if threads:
         torch.set_num_threads(threads)
     from . import registry
-    from .cell import error_cell, safe_run_cell
+    from .cell import error_cell, peak_reserved_mb, reset_peaks, safe_run_cell
     from .spec import Case
 
     registry.discover()
@@ -41,7 +41,7 @@ def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threa
         case = Case.from_json(task["case"])
         cuda = task["device"].startswith("cuda")
         if cuda:
-            torch.cuda.reset_peak_memory_stats()
+            reset_peaks()
         try:
             op = registry.get_operator(task["operator"])
             backend = registry.get_backend(task["operator"], task["backend"])
@@ -62,7 +62,7 @@ def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threa
             )
         if cuda:
             # what this cell held on the GPU at most (the runner packs the next sweep's cells by it)
-            cell.peak_mem_mb = round(torch.cuda.max_memory_reserved() / 2**20)
+            cell.peak_mem_mb = peak_reserved_mb()
         conn.send(cell.to_json())  # the pipe carries the record's JSON (records.py), like the JSONL
         if cuda:
             torch.cuda.empty_cache()  # cached blocks would starve other workers sharing this GPU

@@ -131,3 +131,25 @@ def test_a_smoke_preset_without_the_sweep_layouts_and_block_size_is_found_short(
             "x, grad:y: distinct innermost strides", "x, w: distinct innermost strides", "x: innermost stride > 1",
             "x: transposed"]
     assert coverage["planted"] == {"example-triton": want, "example-triton-wrong": want}
+
+
+# ---- 64-bit offsets at full size (README "64-bit offsets") --------------------------------------------------
+
+# per operator: the largest element offset at which a row (token) of its largest tensor starts; a 32-bit
+# offset computed there overflows when it reaches 2^31
+ROW_START = {
+    "softmax_xent": lambda p: (p["N"] - 1) * p["V"],
+    "fused_linear_xent": lambda p: (p["N"] - 1) * p["V"],
+    "mhc_pre": lambda p: (p["B"] * p["S"] - 1) * p["n"] * p["D"],
+}
+
+
+@pytest.mark.parametrize("operator", sorted(ROW_START))
+def test_the_full_preset_has_a_case_whose_row_offsets_pass_2_to_the_31(operator: str):
+    registry.discover()
+    cases = [c for c in registry.get_operator(operator).cases("full", "cuda") if "64-bit-offsets" in c.tags]
+    assert cases, f"{operator}: no full-preset case tagged 64-bit-offsets"
+    assert any(ROW_START[operator](c.params) >= 2**31 for c in cases), \
+        [(c.name, ROW_START[operator](c.params)) for c in cases]
+    # and no sweep case reaches it: the class belongs to the full preset, where an 80 GB card still judges it
+    assert all(ROW_START[operator](c.params) < 2**31 for c in registry.get_operator(operator).cases("sweep", "cuda"))
