@@ -135,8 +135,9 @@ def row_stats(z: torch.Tensor, dz: torch.Tensor | None = None,
     """LSE_i, max_j |z_ij| and sum_j dZ_ij in float64, in row chunks (N*V reaches 2^31 on the GPU)."""
     step = max(1, chunk_elems // max(1, z.shape[1]))
     lse, zmax, sums = [], [], []
+    device = dz.device if dz is not None else z.device  # z may wait on the host (a large case's draw)
     for i in range(0, z.shape[0], step):
-        zc = z[i:i + step].to(torch.float64)
+        zc = z[i:i + step].to(device, torch.float64)
         lse.append(torch.logsumexp(zc, dim=1))
         zmax.append(zc.abs().amax(dim=1))
         if dz is not None:
@@ -158,16 +159,18 @@ def invariants(outputs: dict, grads: dict, inputs: Inputs, case: Case,
     t = inputs.tensors["targets"].to(dz.device)
     valid = t != opts["ignore_index"]
     fails = []
-    nonfinite = (~torch.isfinite(dz[valid])).any(dim=1)
+    # per row, in row chunks: a [N, V] mask or copy would be the size of dlogits again (N*V reaches 2^31)
+    step = max(1, 2 ** 26 // max(1, dz.shape[1]))
+    nonfinite = torch.cat([(~torch.isfinite(dz[i:i + step])).any(dim=1) for i in range(0, dz.shape[0], step)]) & valid
     if nonfinite.any():
         fails.append(f"dlogits: non-finite values in {int(nonfinite.sum())} valid rows")
-    bad = (dz[~valid] != 0).any(dim=1)
+    bad = torch.cat([(dz[i:i + step] != 0).any(dim=1) for i in range(0, dz.shape[0], step)]) & ~valid
     if bad.any():
-        rows = (~valid).nonzero().squeeze(1)[bad][:8].tolist()
+        rows = bad.nonzero().squeeze(1)[:8].tolist()
         fails.append(f"dlogits: {int(bad.sum())} ignored rows are not exactly zero (rows {rows}...)")
     if grad_outputs is None or "loss" not in grad_outputs or fails:
         return fails
-    z = inputs.tensors["logits"].to(dz.device)
+    z = inputs.tensors["logits"]  # where it is: row_stats moves each chunk
     lse, zmax, got = row_stats(z, dz)
     lam = float(opts["z_loss"])
     c = token_weights(t, opts, grad_outputs["loss"].to(dz.device).expand(t.shape))

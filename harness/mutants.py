@@ -115,7 +115,8 @@ def judge_expectation(exp: Expectation, cell: CellRecord) -> tuple[bool, list[st
     status = j.shown
     if exp.status:
         if status not in exp.status.split("|"):
-            problems.append(f"status {status}, expected {exp.status}")
+            said = f": {cell.error[:200]}" if cell.error else ""
+            problems.append(f"status {status}, expected {exp.status}{said}")
     elif status in ("ERROR", "CRASH", "TIMEOUT", "SKIP"):
         problems.append(f"cell {status}: {cell.error[:200]}")
     for c in exp.fail:

@@ -25,6 +25,7 @@ def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threa
         torch.set_num_threads(threads)
     from . import registry
     from .cell import error_cell, peak_reserved_mb, reset_peaks, safe_run_cell
+    from .records import Status
     from .spec import Case
 
     registry.discover()
@@ -61,12 +62,31 @@ def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threa
                 traceback.format_exc(limit=8),
             )
         if cuda:
-            # what this cell held on the GPU at most (the runner packs the next sweep's cells by it)
-            cell.peak_mem_mb = peak_reserved_mb()
+            lost = _context_lost()
+            if lost and cell.status.value != "CRASH":
+                # a fault that no call of the cell reported (an asynchronous out-of-bounds access seen only
+                # by the next synchronization): the cell did it, and this worker's CUDA context is gone
+                cell.status = Status.CRASH
+                cell.error = f"device fault after the cell's calls returned: {lost}" + \
+                    (f" (the cell had said: {cell.error[:300]})" if cell.error else "")
+            if not lost:
+                # what this cell held on the GPU at most (the runner packs the next sweep's cells by it)
+                cell.peak_mem_mb = peak_reserved_mb()
         conn.send(cell.to_json())  # the pipe carries the record's JSON (records.py), like the JSONL
-        if cuda:
+        if cuda and cell.status.value != "CRASH":
             torch.cuda.empty_cache()  # cached blocks would starve other workers sharing this GPU
         if cell.status.value == "CRASH":
             # the CUDA context is unusable after a device fault: let the parent start a fresh worker
             conn.close()
             sys.exit(3)
+
+
+def _context_lost() -> str:
+    """Why this process's CUDA context is unusable (a sticky device fault), or "" if it is fine."""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        return ""
+    except Exception as e:  # noqa: BLE001 - any failure to synchronize leaves the context unusable
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
