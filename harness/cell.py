@@ -242,9 +242,7 @@ def _determinism(a: dict, b: dict) -> float:
             if isinstance(v, Tensor) and isinstance(w, Tensor) and not _same(v, w):
                 if v.shape != w.shape:
                     return math.inf
-                d = (v.double() - w.double()).abs()
-                d = torch.where(torch.isnan(v) & torch.isnan(w), 0.0, d)
-                spread = max(spread, float(torch.nan_to_num(d, nan=math.inf).max()))
+                spread = max(spread, streaming.max_abs_diff(v, w))
     return spread
 
 
@@ -262,9 +260,7 @@ def _component_spreads(op: OperatorSpec, case: Case, a: dict, b: dict, figures: 
         if v.shape != w.shape:
             fig.spread = math.inf
             continue
-        d = (v.double() - w.double()).abs()
-        d = torch.where(torch.isnan(v) & torch.isnan(w), 0.0, d)
-        fig.spread = float(torch.nan_to_num(d, nan=math.inf).max()) if d.numel() else 0.0
+        fig.spread = streaming.max_abs_diff(v, w)
 
 
 @functools.cache

@@ -478,12 +478,10 @@ def checksum(t: Any, slab: int = 1 << 22) -> Any:
     if not isinstance(t, Tensor):
         return t
     t = t.detach()
-    rows = t.reshape(1) if t.dim() == 0 else t
-    step = max(1, slab // max(1, math.prod(rows.shape[1:])))
     as_int = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()]
     h1 = h2 = offset = 0
-    for i in range(0, rows.shape[0], step):
-        x = rows[i:i + step].contiguous()
+    for x in pieces(t, slab):
+        x = x.contiguous()
         if x.is_floating_point():
             x = torch.where(torch.isnan(x), torch.full_like(x, math.nan), torch.where(x == 0, 0.0, x))
         bits = x.view(as_int).reshape(-1).to(torch.int64)
@@ -493,3 +491,32 @@ def checksum(t: Any, slab: int = 1 << 22) -> Any:
         h2 += int((bits * ((idx * 0x5851F42D4C957F2D) | 1)).sum())
         offset += bits.numel()
     return tuple(t.shape), t.dtype, h1 % 2**64, h2 % 2**64
+
+
+def pieces(t: Tensor, slab: int = 1 << 22) -> Iterator[Tensor]:
+    """``t`` as consecutive views in row-major order, each of at most ``slab`` elements where a dimension
+    allows (a slice of whole rows, or of one row's leading dimension): what a whole-tensor reduction
+    walks instead of a float64 copy of a tensor past 2^31 elements (x of mhc_pre's [1, T, n, D])."""
+    if t.dim() == 0:
+        yield t.reshape(1)
+        return
+    per = math.prod(t.shape[1:])
+    if per <= slab or t.dim() == 1:
+        step = max(1, slab // max(1, per))
+        for i in range(0, t.shape[0], step):
+            yield t[i:i + step]
+        return
+    for i in range(t.shape[0]):
+        yield from pieces(t[i], slab)
+
+
+def max_abs_diff(v: Tensor, w: Tensor) -> float:
+    """max |v - w| over tensors of one shape, piece by piece in float64: NaN where both are NaN counts 0,
+    NaN on one side counts inf."""
+    spread = 0.0
+    for a, b in zip(pieces(v.detach()), pieces(w.detach()), strict=True):
+        d = (a.double() - b.double()).abs()
+        d = torch.where(torch.isnan(a) & torch.isnan(b), 0.0, d)
+        if d.numel():
+            spread = max(spread, float(torch.nan_to_num(d, nan=math.inf).max()))
+    return spread
