@@ -303,6 +303,8 @@ def run_cell(
     # beside the backend's, and need not fit the backend's tensors (H100, mhc_pre T65537: 8.2 GB of them)
     _release(device)
     t_ref = time.time() - t0
+    if ref.get("plan") is not None:
+        cell.notes.append(ref["plan"].describe())
 
     def fresh() -> tuple[Inputs, dict[str, Tensor]]:
         inp = gen_inputs(op, case, dtype, seed, device)
@@ -391,20 +393,27 @@ def _to_host(got: dict[str, Any]) -> dict[str, Any]:
 
 class _Peaks:
     """The GPU peaks of the running cell before _alone reset the allocator's counters to measure the
-    backend's call on its own (the worker records the cell's peak: peak_reserved_mb)."""
+    backend's call on its own (the worker records the cell's peaks: peak_reserved_mb, peak_allocated_mb)."""
 
     reserved = 0
+    allocated = 0
 
 
 def reset_peaks() -> None:
     """At a cell's start, on a GPU."""
-    _Peaks.reserved = 0
+    _Peaks.reserved = _Peaks.allocated = 0
     torch.cuda.reset_peak_memory_stats()
 
 
 def peak_reserved_mb() -> float:
     """What the cell held on the GPU at most (reserved by the caching allocator), across _alone's resets."""
     return round(max(_Peaks.reserved, torch.cuda.max_memory_reserved()) / 2**20)
+
+
+def peak_allocated_mb() -> float:
+    """What the cell's tensors took on the GPU at most, across _alone's resets: on the basis of
+    backend_peak_mb (reserved memory adds the allocator's fragmentation, an eager backend's most of all)."""
+    return round(max(_Peaks.allocated, torch.cuda.max_memory_allocated()) / 2**20)
 
 
 def _alone(device: str, call: Callable[[], Any]) -> tuple[Any, float | None]:
@@ -415,6 +424,7 @@ def _alone(device: str, call: Callable[[], Any]) -> tuple[Any, float | None]:
         return call(), None
     torch.cuda.synchronize()
     _Peaks.reserved = max(_Peaks.reserved, torch.cuda.max_memory_reserved())
+    _Peaks.allocated = max(_Peaks.allocated, torch.cuda.max_memory_allocated())
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     result = call()

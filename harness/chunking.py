@@ -53,6 +53,13 @@ class ChunkPlan:
     # None, the chunks stay where the tensors are
     device: str | None = None
 
+    def describe(self) -> str:
+        """What a cell's note says of it."""
+        sizes = {math.prod(b - a for a, b in c) for c in self.chunks}
+        return (f"oracle and floor evaluated in {len(self.chunks)} chunks of at most {max(sizes)} slices along "
+                f"{' x '.join(self.axes)}: the float32 floor's library calls (GEMMs) ran at the chunk's shape, "
+                "where they may round less than at the whole case's (README, Large cases)")
+
     def split(self, name: str) -> bool:
         """Does this tensor have every axis (its chunks are its parts, not partial sums)?"""
         return len(self.dims.get(name, {})) == len(self.axes)

@@ -285,6 +285,7 @@ class CellRecord:
     # on a GPU, what the backend's first call held at most (its inputs, outputs, gradients and workspace, MB
     # allocated): the harness's own share of peak_mem_mb is the rest (issue #26: at most 6 GB)
     backend_peak_mb: float | None = None
+    peak_alloc_mb: float | None = None  # the cell's peak on backend_peak_mb's basis (allocated, not reserved)
     worker: Any = None
     # where the cell ran when that is not the run's own machine (harness/ray_executor.py): executor, node,
     # worker, host, the harness worker's pid, device class and package versions there

@@ -24,7 +24,7 @@ def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threa
     if threads:
         torch.set_num_threads(threads)
     from . import registry
-    from .cell import error_cell, peak_reserved_mb, reset_peaks, safe_run_cell
+    from .cell import error_cell, peak_allocated_mb, peak_reserved_mb, reset_peaks, safe_run_cell
     from .records import Status
     from .spec import Case
 
@@ -72,6 +72,7 @@ def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threa
             if not lost:
                 # what this cell held on the GPU at most (the runner packs the next sweep's cells by it)
                 cell.peak_mem_mb = peak_reserved_mb()
+                cell.peak_alloc_mb = peak_allocated_mb()
         conn.send(cell.to_json())  # the pipe carries the record's JSON (records.py), like the JSONL
         if cuda and cell.status.value != "CRASH":
             torch.cuda.empty_cache()  # cached blocks would starve other workers sharing this GPU

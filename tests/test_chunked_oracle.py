@@ -286,6 +286,13 @@ def test_softmax_xent_cells_chunked_have_the_figures_of_whole_ones(monkeypatch):
     for slices, dtypes in ((1, ("float32", "float16")), (3, ("float32",))):
         chunked = _cells(XENT, dtypes, slices, monkeypatch)
         assert not _compare(whole, chunked, XENT, exact_split=True), slices
+        # and each chunked cell says so, with the chunks' size (the floor's library calls ran at that shape)
+        cut = [c for c in chunked[0].values() if chunked[1][c.case.name]]
+        assert cut
+        for c in cut:
+            assert any(n.startswith("oracle and floor evaluated in ") and f"at most {slices} slices" in n
+                       for n in c.notes), c.notes
+    assert not any("chunks" in n for c in whole.values() for n in c.notes)
 
 
 @pytest.mark.parametrize("op", [FUSED, MHC, LAZY], ids=lambda o: o.name)
