@@ -9,6 +9,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from . import registry
 from .records import CellRecord
@@ -20,6 +21,7 @@ from .session import (
     checked_device,
     default_device,
     load_plugins,
+    parsed_device,
 )
 from .spec import as_list
 
@@ -77,14 +79,33 @@ def cmd_run(a: argparse.Namespace) -> int:
                      command="harness " + " ".join(shlex.quote(x) for x in sys.argv[1:]), compare=a.compare,
                      compare_fail=a.compare_fail, compare_require=a.compare_require, compare_accept=a.compare_accept)
     extra = (lambda _plan, device: _hypothesis_tasks(a, device)) if a.hypothesis else None
-    session = RunSession(req, extra_tasks=extra)
-    plan, header, device = session.plan, session.header, session.device
-    if a.resume:
-        plan.tasks, header["resumes"] = _resume(plan.tasks, session.report_dir, header["commit"])
-        if not plan.tasks:
-            print(f"--resume: every planned cell already has a result at commit {header['commit']}; nothing to run")
-            return 0
-    pool = LocalPool(registry.plugins_loaded(), a.workers, a.timeout, **_recorded(a.report, device, plan.tasks))
+    pool: Any = None
+    if a.executor == "ray":
+        # the cluster first: its machines, not this one, have the device the cells run on (a driver without
+        # a GPU runs a GPU sweep), and they name the report's device class
+        from .ray_executor import RayExecutor  # imports Ray (a usage error naming the extra without it)
+
+        pool = RayExecutor(list(a.plugin), parsed_device(a.device), a.ray_address, a.timeout, a.workers)
+        req.device, req.elsewhere = pool.device, pool.describe()
+    try:
+        session = RunSession(req, extra_tasks=extra)
+        plan, header, device = session.plan, session.header, session.device
+        if a.resume:
+            plan.tasks, header["resumes"] = _resume(plan.tasks, session.report_dir, header["commit"])
+            if not plan.tasks:
+                print(f"--resume: every planned cell already has a result at commit {header['commit']}; "
+                      "nothing to run")
+                return 0
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
+    recorded = _recorded(a.report, device, session.device_class, plan.tasks)
+    if pool is None:
+        pool = LocalPool(registry.plugins_loaded(), a.workers, a.timeout, **recorded)
+    else:
+        pool.durations.update(recorded["durations"])
+        pool.peaks.update(recorded["peaks"])
     session.begin()
     bar = _progress(len(plan.tasks), not a.no_progress)
     t0 = time.time()
@@ -134,15 +155,14 @@ def cmd_run(a: argparse.Namespace) -> int:
     return code
 
 
-def _recorded(root: str, device: str, tasks: list) -> dict[str, dict]:
+def _recorded(root: str, device: str, device_class: str, tasks: list) -> dict[str, dict]:
     """The report's earlier timings and GPU memory peaks of these cells on this device class: the longest
     groups start first, and workers sharing a GPU start together only groups that fit in it."""
     from . import report
-    from .provenance import device_class
 
     ops = sorted({t.operator for t in tasks})
     fields = ("duration_s", "peak_mem_mb")
-    rec = report.recorded(Path(root) / device_class(device), ops, fields)
+    rec = report.recorded(Path(root) / device_class, ops, fields)
     if device.startswith("cuda"):
         # first run on this GPU class: another GPU class's records still rank the groups and size them
         for d in sorted(Path(root).glob("*/")):
@@ -368,7 +388,15 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--case", default=None, help="only cases whose name contains this")
     r.add_argument("--timeout", type=float, default=300.0, help="seconds per cell before TIMEOUT")
-    r.add_argument("--workers", type=int, default=None, help="worker processes (default: GPUs, or 2 on CPU)")
+    r.add_argument("--workers", type=int, default=None,
+                   help="worker processes (default: GPUs, or 2 on CPU); with --executor ray: the most cell groups "
+                        "sharing one GPU (default 1)")
+    r.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="local: worker processes on this machine (default); ray: each cell group a task on a Ray "
+                        "cluster (the extra gradient-harness[ray]; docs/ray.md)")
+    r.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="with --executor ray: the cluster (default: $RAY_ADDRESS, else a cluster running on this "
+                        "machine, else a local Ray started for the run)")
     r.add_argument("--repeats", type=int, default=2, help="backend runs per cell (2 checks determinism)")
     r.add_argument("--hypothesis", type=int, default=0, metavar="N", help="also run N hypothesis-drawn cases")
     r.add_argument("--resume", action="store_true",

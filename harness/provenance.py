@@ -83,15 +83,18 @@ def device_class(device: str) -> str:
     return "cuda-" + "".join(ch for ch in name.split()[-1] if ch.isalnum())
 
 
-def run_provenance(device: str) -> dict[str, Any]:
+def run_provenance(device: str, elsewhere: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run's header. ``elsewhere``: the device, device class and versions of the machines that run the
+    cells when they are not this one (an executor on a cluster; each cell also records its own)."""
     from datetime import datetime, timezone
 
+    there = elsewhere or {}
     return {
         "commit": git_commit(),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "device": device_name(device),
-        "device_class": device_class(device),
-        "versions": versions(),
+        "device": there.get("device") or device_name(device),
+        "device_class": there.get("device_class") or device_class(device),
+        "versions": there.get("versions") or versions(),
         "interpreted": device.split(":")[0] == "cpu" or interpreted(),
     }
 

@@ -96,12 +96,15 @@ class Backend:
             self._resolved = (self._load(self.impl), bwd)
         return self._resolved
 
-    def unavailable(self, device: str) -> str | None:
-        """Why this backend cannot run on ``device`` here, or None."""
+    def unavailable(self, device: str, here: bool = True) -> str | None:
+        """Why this backend cannot run on ``device`` here, or None. Without ``here`` (the cells run on other
+        machines), only what does not depend on the machine: the devices it declares."""
         dev = device.split(":")[0]
         if dev not in self.devices:
             hint = " (a Triton backend runs there under TRITON_INTERPRET=1)" if self.interpret else ""
             return f"runs on {'/'.join(self.devices)} only; this run is on {dev}{hint}"
+        if not here:
+            return None
         for pkg in self.requires:
             if importlib.util.find_spec(pkg) is None:
                 return f"package {pkg!r} is not installed (pip install {pkg})"

@@ -81,8 +81,10 @@ def plan(
     repeats: int = 2,
     cases: dict[str, list[Case]] | None = None,
     case_filter: str | None = None,
+    here: bool = True,
 ) -> Plan:
-    """Expand the request into tasks; unknown names raise KeyError/ValueError with the valid ones."""
+    """Expand the request into tasks; unknown names raise KeyError/ValueError with the valid ones. Without
+    ``here`` the cells run on other machines, which judge a backend's packages and GPU themselves (worker.py)."""
     from .spec import dtype_name, dtype_of
 
     ops = registry.resolve_kernels(kernels)
@@ -122,7 +124,7 @@ def plan(
                     continue
                 for b in chosen:
                     t = Task(op_name, b.name, case, dt, device, seed, repeats)
-                    reason = b.unavailable(device)
+                    reason = b.unavailable(device, here)
                     if reason:
                         t.skip, t.skip_kind = reason, "unavailable"
                     elif dt not in b.dtypes:

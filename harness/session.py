@@ -39,13 +39,20 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def parsed_device(device: str | None) -> str | None:
+    """--device as given, if well formed (cpu, cuda, cuda:N); None stays None (the default is decided where
+    the cells run)."""
+    if device is not None and device != "cpu" and device != "cuda" and not re.fullmatch(r"cuda:\d+", device):
+        raise UsageError(f"--device {device!r}: expected cpu, cuda (every visible GPU) or cuda:N")
+    return device
+
+
 def checked_device(device: str | None) -> str:
     """--device as given (cpu, cuda, cuda:N) or the default; anything else is a usage error, and cuda on a
     machine without a GPU is refused (exit 3) rather than turned into a run of SKIP cells that exits 0."""
     if device is None:
         return default_device()
-    if device != "cpu" and device != "cuda" and not re.fullmatch(r"cuda:\d+", device):
-        raise UsageError(f"--device {device!r}: expected cpu, cuda (every visible GPU) or cuda:N")
+    parsed_device(device)
     if device.startswith("cuda"):
         import torch
 
@@ -87,6 +94,9 @@ class RunRequest:
     compare_fail: float = 1.5
     compare_require: float = 0.9
     compare_accept: bool = False
+    # the machines the cells run on, when they are not this one (an executor on a cluster): their device,
+    # device class and package versions, as the executor found them; the device is then not looked for here
+    elsewhere: dict[str, Any] | None = None
 
 
 class Executor(ABC):
@@ -140,11 +150,12 @@ class RunSession:
 
     def __init__(self, req: RunRequest, extra_tasks: Callable[[runner.Plan, str], list[runner.Task]] | None = None):
         self.req = req
-        self.device = checked_device(req.device)
+        here = req.elsewhere is None
+        self.device = checked_device(req.device) if here else (parsed_device(req.device) or "cpu")
         load_plugins(req.plugins)
         try:
             self.plan = runner.plan(req.kernels, req.sizes, req.backends, req.dtypes, self.device, req.seed,
-                                    req.repeats, case_filter=req.case_filter)
+                                    req.repeats, case_filter=req.case_filter, here=here)
         except (KeyError, ValueError) as e:
             raise UsageError(str(e.args[0]) if e.args else str(e)) from e
         if extra_tasks is not None:
@@ -153,7 +164,7 @@ class RunSession:
             raise UsageError("nothing to run: no cases matched")
         from .provenance import device_class
 
-        self.device_class = device_class(self.device)
+        self.device_class = device_class(self.device) if here else str(req.elsewhere["device_class"])
         self.header = self._header()
         self.results: list[CellRecord] = []
         self.writer: Any = None
@@ -164,7 +175,7 @@ class RunSession:
         from . import report
         from .provenance import backend_provenance, run_provenance
 
-        h = run_provenance(self.device)
+        h = run_provenance(self.device, self.req.elsewhere)
         h["run_id"] = uuid.uuid4().hex[:10]
         h["command"] = self.req.command
         h["sizes"] = self.req.sizes

@@ -12,6 +12,7 @@ import signal
 import sys
 import traceback
 from multiprocessing.connection import Connection
+from typing import Any
 
 
 def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threads: int) -> None:
@@ -24,8 +25,6 @@ def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threa
     if threads:
         torch.set_num_threads(threads)
     from . import registry
-    from .cell import error_cell, peak_allocated_mb, peak_reserved_mb, reset_peaks, safe_run_cell
-    from .records import Status
     from .spec import Case
 
     registry.discover()
@@ -40,46 +39,66 @@ def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threa
         if task is None:
             return
         case = Case.from_json(task["case"])
-        cuda = task["device"].startswith("cuda")
-        if cuda:
-            reset_peaks()
-        try:
-            op = registry.get_operator(task["operator"])
-            backend = registry.get_backend(task["operator"], task["backend"])
-            cell = safe_run_cell(
-                op, backend, case, task["dtype"], task["device"], task.get("seed", 0), task.get("repeats", 2)
-            )
-        except Exception as e:  # e.g. a mutant whose edit does not apply
-            cell = error_cell(
-                task["operator"],
-                task["backend"],
-                case,
-                task["dtype"],
-                task["device"],
-                task.get("seed", 0),
-                "ERROR",
-                f"{type(e).__name__}: {e}",
-                traceback.format_exc(limit=8),
-            )
-        if cuda:
-            lost = _context_lost()
-            if lost and cell.status.value != "CRASH":
-                # a fault that no call of the cell reported (an asynchronous out-of-bounds access seen only
-                # by the next synchronization): the cell did it, and this worker's CUDA context is gone
-                cell.status = Status.CRASH
-                cell.error = f"device fault after the cell's calls returned: {lost}" + \
-                    (f" (the cell had said: {cell.error[:300]})" if cell.error else "")
-            if not lost:
-                # what this cell held on the GPU at most (the runner packs the next sweep's cells by it)
-                cell.peak_mem_mb = peak_reserved_mb()
-                cell.peak_alloc_mb = peak_allocated_mb()
+        cell = _unavailable_here(task, case)  # planned elsewhere (a cluster's driver): judged here
+        if cell is None:
+            cell = _run(task, case)
         conn.send(cell.to_json())  # the pipe carries the record's JSON (records.py), like the JSONL
-        if cuda and cell.status.value != "CRASH":
-            torch.cuda.empty_cache()  # cached blocks would starve other workers sharing this GPU
         if cell.status.value == "CRASH":
             # the CUDA context is unusable after a device fault: let the parent start a fresh worker
             conn.close()
             sys.exit(3)
+        if task["device"].startswith("cuda") and cell.status.value != "SKIP":
+            torch.cuda.empty_cache()  # cached blocks would starve other workers sharing this GPU
+
+
+def _unavailable_here(task: dict, case: Any) -> Any:
+    """A SKIP cell for a backend that cannot run on this machine (a package or the GPU missing), or None."""
+    from . import registry
+    from .cell import error_cell
+
+    try:
+        backend = registry.get_backend(task["operator"], task["backend"])
+    except Exception:  # noqa: BLE001 - _run reports it as the cell's ERROR
+        return None
+    why = backend.unavailable(task["device"])
+    if not why:
+        return None
+    cell = error_cell(task["operator"], task["backend"], case, task["dtype"], task["device"], task.get("seed", 0),
+                      "SKIP", why)
+    cell.skip_kind = "unavailable"
+    return cell
+
+
+def _run(task: dict, case: Any) -> Any:
+    """One cell in this process; on a GPU with its memory peaks, and CRASH where it left the context lost."""
+    from . import registry
+    from .cell import error_cell, peak_allocated_mb, peak_reserved_mb, reset_peaks, safe_run_cell
+    from .records import Status
+
+    cuda = task["device"].startswith("cuda")
+    if cuda:
+        reset_peaks()
+    try:
+        op = registry.get_operator(task["operator"])
+        backend = registry.get_backend(task["operator"], task["backend"])
+        cell = safe_run_cell(op, backend, case, task["dtype"], task["device"], task.get("seed", 0),
+                             task.get("repeats", 2))
+    except Exception as e:  # e.g. a mutant whose edit does not apply
+        cell = error_cell(task["operator"], task["backend"], case, task["dtype"], task["device"],
+                          task.get("seed", 0), "ERROR", f"{type(e).__name__}: {e}", traceback.format_exc(limit=8))
+    if cuda:
+        lost = _context_lost()
+        if lost and cell.status != Status.CRASH:
+            # a fault that no call of the cell reported (an asynchronous out-of-bounds access seen only by
+            # the next synchronization): the cell did it, and this worker's CUDA context is gone
+            cell.status = Status.CRASH
+            cell.error = f"device fault after the cell's calls returned: {lost}" + \
+                (f" (the cell had said: {cell.error[:300]})" if cell.error else "")
+        if not lost:
+            # what this cell held on the GPU at most (the runner packs the next sweep's cells by it)
+            cell.peak_mem_mb = peak_reserved_mb()
+            cell.peak_alloc_mb = peak_allocated_mb()
+    return cell
 
 
 def _context_lost() -> str:
