@@ -149,18 +149,16 @@ def worker_env(device: str, gpu: int | None, shared: bool = False) -> dict[str, 
 
 @contextmanager
 def _sigint_ignored():
-    """SIGINT ignored while a worker is spawned: a process started with it ignored keeps it so (Python
-    installs its KeyboardInterrupt handler only where the parent left SIGINT alone), so Ctrl-C on the
-    terminal reaches the parent alone, which stops the workers, instead of a traceback from every worker."""
-    try:
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
+    """SIGINT held back (blocked) while a worker is spawned. The worker inherits the blocked signal and then
+    ignores it (worker_main), so Ctrl-C on the terminal reaches the parent alone, which stops the workers,
+    instead of a traceback from every worker. A Ctrl-C that arrives meanwhile stays pending and reaches the
+    parent once the worker has started: ignoring SIGINT in the parent during the spawn lost it (seen in CI
+    under load: a run went on for minutes after its Ctrl-C)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class _Worker:

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SLEEPY = ROOT / "tests" / "plugins" / "misbehaving.py"
 
@@ -69,3 +71,16 @@ def test_a_killed_run_leaves_its_report_marked_incomplete_not_stale(tmp_path: Pa
     p.communicate(timeout=60)
     text = md.read_text()
     assert "**Incomplete:" in text and "or is still running; `--resume` runs them" in text, text[:2000]
+
+
+def test_a_ctrl_c_while_a_worker_is_spawned_reaches_the_parent_afterwards():
+    """The parent holds SIGINT back while it spawns a worker; one that arrives then still interrupts it (at
+    once where another thread takes the signal, else right after the spawn), instead of being dropped: a
+    loaded CI machine saw a run go on for minutes after its Ctrl-C when the parent ignored SIGINT there."""
+    from harness import runner
+
+    with pytest.raises(KeyboardInterrupt):
+        with runner._sigint_ignored():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+        time.sleep(0.2)
