@@ -19,9 +19,15 @@ SLEEPY = ROOT / "tests" / "plugins" / "misbehaving.py"
 def start(tmp_path: Path, *args: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "harness", "run", "--kernel", "mhc", "--sizes", "smoke", "--device", "cpu",
            "--report", str(tmp_path), "--no-progress", *args]
-    # a session of its own: the signal goes to the whole process group, as Ctrl-C on a terminal does
+    # a session of its own: the signal goes to the whole process group, as Ctrl-C on a terminal does; and
+    # SIGINT's default action, as in a terminal: a test run started in the background (`cmd &` in a script)
+    # ignores SIGINT, and a process started with it ignored keeps ignoring it (no KeyboardInterrupt at all)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_sigint_default)
+
+
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def cells_in(jsonl: Path) -> int:
@@ -79,8 +85,12 @@ def test_a_ctrl_c_while_a_worker_is_spawned_reaches_the_parent_afterwards():
     loaded CI machine saw a run go on for minutes after its Ctrl-C when the parent ignored SIGINT there."""
     from harness import runner
 
-    with pytest.raises(KeyboardInterrupt):
-        with runner._sigint_ignored():
-            os.kill(os.getpid(), signal.SIGINT)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, however pytest started
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with runner._sigint_ignored():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)
             time.sleep(0.2)
-        time.sleep(0.2)
+    finally:
+        signal.signal(signal.SIGINT, before)

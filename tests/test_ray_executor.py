@@ -22,6 +22,9 @@ from harness import runner
 from harness.ray_executor import gpu_fraction, runtime_env
 from harness.spec import Case
 
+# one xdist worker runs them all (pytest --dist loadgroup): one cluster, not one per worker
+pytestmark = pytest.mark.xdist_group("ray")
+
 ROOT = Path(__file__).resolve().parent.parent
 MISBEHAVING = "golden,triton,raises,sleeps,dies,segfaults"
 
