@@ -6,7 +6,8 @@ import pytest
 
 from harness import cuda_build
 
-pytestmark = pytest.mark.skipif(cuda_build.nvcc_path() is None, reason="nvcc is not installed here")
+pytestmark = [pytest.mark.skipif(cuda_build.nvcc_path() is None, reason="nvcc is not installed here"),
+              pytest.mark.xdist_group("compile-cuda")]  # one xdist worker: its builds once
 
 
 def _xent_sources():

@@ -16,6 +16,9 @@ if importlib.util.find_spec("tilelang") is None:
 
 from harness.backends.tilelang.mhc_pre import kernels as K  # noqa: E402
 
+# one xdist worker runs this module (pytest --dist loadgroup): its compiles and fixtures once
+pytestmark = pytest.mark.xdist_group("compile-tilelang")
+
 
 def _nvcc() -> str | None:
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"

@@ -22,6 +22,9 @@ pytest.importorskip("triton")
 from harness.registry import interpreted  # noqa: E402
 from harness.triton_aot import compile_target, discover_targets, resource_problem  # noqa: E402
 
+# one xdist worker runs this module (pytest --dist loadgroup): its compiles and fixtures once
+pytestmark = pytest.mark.xdist_group("compile-triton-aot")
+
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = discover_targets()
 IDS = [f"{pkg.split('.', 1)[1]}:{t['name']}" for pkg, t in TARGETS]
