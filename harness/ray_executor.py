@@ -91,7 +91,7 @@ class _TaskWorker(runner._Worker):
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker_main, args=(child, runner.worker_env(device, None, shared), plugins,
                                                            threads), daemon=True)
-        with runner._sigint_ignored():
+        with runner._sigint_held():
             self.proc.start()
         child.close()
         self.ready, self.task, self.started, self.group, self.need, self.cells = False, None, 0.0, [], 0.0, 0

@@ -148,12 +148,12 @@ def worker_env(device: str, gpu: int | None, shared: bool = False) -> dict[str, 
 
 
 @contextmanager
-def _sigint_ignored():
+def _sigint_held():
     """SIGINT held back (blocked) while a worker is spawned. The worker inherits the blocked signal and then
     ignores it (worker_main), so Ctrl-C on the terminal reaches the parent alone, which stops the workers,
     instead of a traceback from every worker. A Ctrl-C that arrives meanwhile stays pending and reaches the
-    parent once the worker has started: ignoring SIGINT in the parent during the spawn lost it (seen in CI
-    under load: a run went on for minutes after its Ctrl-C)."""
+    parent once the worker has started; ignoring SIGINT in the parent during the spawn, as before, dropped
+    it (tests/test_interrupts.py)."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
@@ -172,7 +172,7 @@ class _Worker:
         self.proc = ctx.Process(
             target=worker_main, args=(child, worker_env(device, gpu, shared), plugins, threads), daemon=True
         )
-        with _sigint_ignored():  # Ctrl-C is the parent's to handle: the worker starts with SIGINT ignored
+        with _sigint_held():  # Ctrl-C is the parent's to handle: the worker starts with SIGINT held back
             self.proc.start()
         child.close()
         self.ready = False

@@ -17,7 +17,7 @@ from typing import Any
 
 def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threads: int) -> None:
     # Ctrl-C is the parent's: it stops the workers and reports what completed (runner.py spawns this
-    # process with SIGINT ignored already; this keeps it so wherever the parent could not)
+    # process with SIGINT blocked, so none arrives before this line; from here on it is ignored)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(env)
     import torch
