@@ -36,6 +36,13 @@ MIN_CALLS = 20
 def timeit(fn: Callable[[], Any], reps: int = 0) -> float:
     """Median milliseconds of at least ``reps`` timed calls (default MIN_CALLS, or about 2 s of calls where
     that is fewer, at least 5)."""
+    return timings(fn, reps)[0]
+
+
+def timings(fn: Callable[[], Any], reps: int = 0) -> tuple[float, float, float]:
+    """(median, 20th percentile, 80th percentile) milliseconds of at least ``reps`` timed calls (default
+    MIN_CALLS, or about 2 s of calls where that is fewer, at least 5): the median decides a target, the
+    spread says how far to trust it."""
     calls = reps or MIN_CALLS
     if torch.cuda.is_available():
         try:
@@ -47,17 +54,29 @@ def timeit(fn: Callable[[], Any], reps: int = 0) -> float:
             est = float(do_bench(fn, warmup=1, rep=1, return_mode="median"))
             if not reps:  # a slow baseline (eager attention: a second a call) gets 5 calls, not 20
                 calls = min(calls, max(5, int(2000 / max(est, 1e-3))))
-            return float(do_bench(fn, warmup=max(25.0, min(3 * est, 500.0)), rep=max(100.0, calls * est),
-                                  return_mode="median"))
+            q = do_bench(fn, warmup=max(25.0, min(3 * est, 500.0)), rep=max(100.0, calls * est),
+                         quantiles=[0.5, 0.2, 0.8])
+            return float(q[0]), float(q[1]), float(q[2])
+    t0 = time.perf_counter()
     fn()
     _sync()
+    if not reps:  # as above: a call slower than 100 ms gets fewer repeats, at least 5
+        calls = min(calls, max(5, int(2000 / max((time.perf_counter() - t0) * 1e3, 1e-3))))
     ts = []
-    for _ in range(reps or 5):
+    for _ in range(calls):
         t0 = time.perf_counter()
         fn()
         _sync()
         ts.append((time.perf_counter() - t0) * 1e3)
-    return sorted(ts)[len(ts) // 2]
+    ts.sort()
+    return ts[len(ts) // 2], ts[int(0.2 * (len(ts) - 1))], ts[int(0.8 * (len(ts) - 1) + 0.5)]
+
+
+def _timed(row: dict[str, Any], key: str, fn: Callable[[], Any], reps: int) -> None:
+    """row[key] (ms, the median) and row[key + "_spread"] ([20th, 80th] percentiles)."""
+    median, lo, hi = timings(fn, reps)
+    row[key] = median
+    row[key + "_spread"] = [lo, hi]
 
 
 def copy_bandwidth(device: str) -> float:
@@ -195,7 +214,6 @@ def measure(
 ) -> dict[str, Any]:
     calls = bench_calls(op, b, case, dtype, device)
     forward, fwd_bwd = calls["forward"], calls["fwd_bwd"]
-    fwd_ms_nograd = timeit(calls["forward_nograd"], reps) if calls["forward_nograd"] else None
     row: dict[str, Any] = {
         "backend": b.name,
         "role": b.role,
@@ -203,12 +221,18 @@ def measure(
         "params": case.params,
         "dtype": dtype_name(dtype),
     }
-    row["fwd_ms"] = timeit(forward, reps)
-    row["fwd_nograd_ms"] = fwd_ms_nograd
+    row["fwd_nograd_ms"] = timeit(calls["forward_nograd"], reps) if calls["forward_nograd"] else None
+    _timed(row, "fwd_ms", forward, reps)
     has_grad = fwd_bwd is not None
     if has_grad:
-        row["bwd_ms"] = timeit(calls["backward_only"], reps)
-        row["fwd_bwd_ms"] = timeit(fwd_bwd, reps)
+        try:
+            _timed(row, "bwd_ms", calls["backward_only"], reps)
+        except RuntimeError as e:
+            # a backend that allows one backward per forward (it wrote its gradient over an input): the
+            # backward has no time of its own, fwd+bwd still has one
+            row["bwd_ms"] = None
+            row["bwd_note"] = f"backward alone not timed: {str(e)[:200]}"
+        _timed(row, "fwd_bwd_ms", fwd_bwd, reps)
     if profile and device.startswith("cuda"):
         row["kernels"] = kernel_breakdown(fwd_bwd if has_grad else forward)
     calls["clear"]()
@@ -368,6 +392,11 @@ def render_bench(payload: dict, baseline: str) -> str:
     def f(x: Any, spec: str = ".3g") -> str:
         return "" if x is None else (format(x, spec) if isinstance(x, (int, float)) else str(x))
 
+    def ms(r: dict, key: str) -> str:
+        """The median, with the 20th-80th percentile spread beside it where it was recorded."""
+        spread = r.get(key + "_spread")
+        return f(r.get(key)) + (f" ({f(spread[0])}-{f(spread[1])})" if spread and r.get(key) is not None else "")
+
     lines = [
         f"# Benchmark: `{payload['operator']}`",
         "",
@@ -377,8 +406,9 @@ def render_bench(payload: dict, baseline: str) -> str:
         "",
         f"Measured in the same run: copy bandwidth **{bw:.0f} GB/s** (bytes read + written), bf16 GEMM "
         f"**{tf:.0f} TFLOP/s**. Times are medians (ms). `× {baseline}` is the speedup over the baseline "
-        "backend on the same shape (higher is faster). Bandwidth fractions use the operator's floor bytes "
-        "(each input read once, each output written once).",
+        "backend on the same shape (higher is faster); in brackets, the 20th-80th percentile spread of the "
+        f"calls (at least {MIN_CALLS} timed, fewer only for a call slower than 100 ms). Bandwidth "
+        "fractions use the operator's floor bytes (each input read once, each output written once).",
         "",
         "| case | dtype | backend | fwd ms | bwd ms | fwd+bwd ms | fwd BW | bwd BW | TFLOP/s | peak extra GB | "
         f"× {baseline} (fwd+bwd) |",
@@ -394,10 +424,13 @@ def render_bench(payload: dict, baseline: str) -> str:
         role = f" ({r['role']})" if r["role"] != "kernel" else ""
         lines.append(
             f"| {r['case']} | {short_dtype(r['dtype'])} | {r['backend']}{role} | "
-            f"{f(r.get('fwd_ms'))} | {f(r.get('bwd_ms'))} | {f(r.get('fwd_bwd_ms'))} | "
+            f"{ms(r, 'fwd_ms')} | {ms(r, 'bwd_ms')} | {ms(r, 'fwd_bwd_ms')} | "
             f"{f(r.get('fwd_bw_frac'), '.0%')} | {f(r.get('bwd_bw_frac'), '.0%')} | {f(r.get('tflops'), '.0f')} | "
             f"{f(r.get('peak_extra_gb'), '.2f')} | {f(r.get('speedup_fwd_bwd'), '.2f')} |"
         )
+    notes = [f"- {r['backend']}, {r['case']}: {r['bwd_note']}" for r in rows if r.get("bwd_note")]
+    if notes:
+        lines += [""] + notes
     if payload.get("targets"):
         lines += ["", "## Targets", "", "The operator's declared targets on these shapes, judged on this run's "
                   "figures.", ""]

@@ -3,7 +3,9 @@
 Judged by the harness's verdict rule (harness/verdict.py): the kernel's error against the float64
 oracle must stay within K times the error of the float32 reference rounded to the case dtype.
 Both gradient paths are covered: g == 1 (dlogits written by the forward, the backward returns at
-once) and g != 1 (recomputed by the backward from the saved row statistics).
+once) and g != 1 (recomputed by the backward from the saved row statistics; in place, scaled). Each
+check runs the default backend and the in-place one (dlogits written over the logits), and rows of 64 KB
+or more run both the one-read cluster kernel and the row kernel.
 """
 
 from __future__ import annotations
@@ -20,9 +22,18 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _impl():
-    from harness.backends.cuda.softmax_xent.wrapper import softmax_xent_cuda
-    return softmax_xent_cuda
+IMPLS = ("cuda", "cuda-inplace")
+
+
+def _impl(name: str = "cuda"):
+    from harness.backends.cuda.softmax_xent import wrapper
+    return wrapper.softmax_xent_cuda_inplace if name == "cuda-inplace" else wrapper.softmax_xent_cuda
+
+
+def _cluster(on: int) -> int:
+    """The one-read cluster kernel on (1) or off (0); returns the setting before."""
+    from harness.backends.cuda.softmax_xent import loader
+    return loader.lib().xent_tune_cluster(on, -1)
 
 
 def _inputs(N: int, V: int, dtype: torch.dtype, ignored: float, pad: int, scale: float = 2.0, seed: int = 0,
@@ -43,7 +54,8 @@ def _inputs(N: int, V: int, dtype: torch.dtype, ignored: float, pad: int, scale:
 
 
 def _run(fn, z: torch.Tensor, t: torch.Tensor, g: torch.Tensor, **opts):
-    x = z.detach().clone() if z.is_contiguous() else z.detach()
+    # a copy in z's layout (padded rows stay padded): the in-place backend writes its input
+    x = torch.empty_strided(z.shape, z.stride(), dtype=z.dtype, device=z.device).copy_(z.detach())
     x.requires_grad_(True)
     loss = fn(x, t, **opts)["loss"]
     dz, = torch.autograd.grad(loss, x, g.to(loss.dtype))
@@ -67,7 +79,7 @@ def _floor_errors(z: torch.Tensor, t: torch.Tensor, g: torch.Tensor, opts: dict,
 
 
 def _check(N: int, V: int, dtype: str, reduction: str = "mean", ignored: float = 0.2, pad: int = 0,
-           g_one: bool = False, scale: float = 2.0, **opts) -> None:
+           g_one: bool = False, scale: float = 2.0, impl: str = "cuda", **opts) -> None:
     dt = DTYPES[dtype]
     ii = opts.get("ignore_index", -100)
     z, t = _inputs(N, V, dt, ignored, pad, scale, ignore_index=ii)
@@ -76,7 +88,7 @@ def _check(N: int, V: int, dtype: str, reduction: str = "mean", ignored: float =
     g = torch.ones(shape) if g_one else torch.randn(shape, generator=gen) * 0.7 + 0.2
     g = g.cuda()
     opts["reduction"] = reduction
-    loss, dz = _run(_impl(), z, t, g, **opts)
+    loss, dz = _run(_impl(impl), z, t, g, **opts)
     lo, dzo = _run(softmax_xent, z.double(), t, g.double(), **opts)
     floor = _floor_errors(z, t, g, opts, dt)
     assert loss.dtype == torch.float32 and loss.shape == lo.shape
@@ -87,35 +99,74 @@ def _check(N: int, V: int, dtype: str, reduction: str = "mean", ignored: float =
     assert (dz[t == ii] == 0).all()
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("V", [2, 1000, 1024, 1025, 2004, 32000])
 @pytest.mark.parametrize("g_one", [False, True])
-def test_sizes(dtype: str, V: int, g_one: bool) -> None:
-    _check(37, V, dtype, g_one=g_one)
+def test_sizes(dtype: str, V: int, g_one: bool, impl: str) -> None:
+    _check(37, V, dtype, g_one=g_one, impl=impl)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_reductions_smoothing_zloss_pad(reduction: str, dtype: str) -> None:
-    _check(19, 3001, dtype, reduction, pad=5, label_smoothing=0.1, z_loss=1e-2)
-    _check(19, 3001, dtype, reduction, pad=123, g_one=True, label_smoothing=0.2)
+def test_reductions_smoothing_zloss_pad(reduction: str, dtype: str, impl: str) -> None:
+    _check(19, 3001, dtype, reduction, pad=5, label_smoothing=0.1, z_loss=1e-2, impl=impl)
+    _check(19, 3001, dtype, reduction, pad=123, g_one=True, label_smoothing=0.2, impl=impl)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_normalizer_and_ignore_index(dtype: str) -> None:
-    _check(33, 1025, dtype, normalizer=100.0)
-    _check(33, 1025, dtype, g_one=True, ignore_index=0)
+def test_normalizer_and_ignore_index(dtype: str, impl: str) -> None:
+    _check(33, 1025, dtype, normalizer=100.0, impl=impl)
+    _check(33, 1025, dtype, g_one=True, ignore_index=0, impl=impl)
 
 
-def test_long_rows() -> None:
-    # V = 128256: each of a block's threads walks ~60 vectors of the row (fp32) in pass 1 and pass 2
-    _check(5, 128256, "float32", g_one=True)
-    _check(5, 128256, "bfloat16", g_one=True, label_smoothing=0.1, z_loss=1e-3)
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("cluster", [1, 0])
+def test_long_rows(impl: str, cluster: int) -> None:
+    # V = 128256: each of a block's threads walks ~60 vectors of the row (fp32) in pass 1 and pass 2 of
+    # the row kernel; the cluster kernel splits it over 4 (bf16) or 8 (fp32) blocks' shared memory
+    before = _cluster(cluster)
+    try:
+        _check(5, 128256, "float32", g_one=True, impl=impl)
+        _check(5, 128256, "bfloat16", g_one=True, label_smoothing=0.1, z_loss=1e-3, impl=impl)
+        # odd V (rows start off 16-byte boundaries: scalar heads and tails), padded rows, every reduction,
+        # ignored rows, a per-row g, and a row long enough for 8 blocks of bf16
+        for reduction in ("mean", "sum", "none"):
+            _check(11, 65537, "bfloat16", reduction, pad=3, label_smoothing=0.1, impl=impl)
+        _check(7, 100003, "float16", "none", ignored=0.5, z_loss=1e-2, impl=impl)
+        _check(3, 262144, "bfloat16", g_one=True, impl=impl)
+        _check(5, 40000, "float32", scale=1e4, impl=impl)
+    finally:
+        _cluster(before)
 
 
-def test_extreme_logits() -> None:
-    _check(9, 2004, "float32", scale=1e4)
-    _check(9, 2004, "bfloat16", scale=1e4, g_one=True)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_extreme_logits(impl: str) -> None:
+    _check(9, 2004, "float32", scale=1e4, impl=impl)
+    _check(9, 2004, "bfloat16", scale=1e4, g_one=True, impl=impl)
+    _check(9, 40000, "bfloat16", scale=1e4, g_one=True, impl=impl)  # the cluster kernel
+
+
+@pytest.mark.parametrize("V", [32000, 128256])
+def test_inplace_writes_dlogits_over_the_logits_and_allows_one_backward(V: int) -> None:
+    z, t = _inputs(16, V, torch.bfloat16, ignored=0.2, pad=0)
+    want = _run(_impl(), z, t, torch.ones((), device="cuda"))[1]
+    x = z.clone().requires_grad_(True)
+    loss = _impl("cuda-inplace")(x, t)["loss"]
+    assert torch.equal(x.detach(), want)  # the forward wrote dlogits for g = 1 over the logits
+    one = torch.ones((), device="cuda")
+    free = torch.cuda.memory_allocated()
+    dz, = torch.autograd.grad(loss, x, one, retain_graph=True)
+    assert dz.data_ptr() == x.data_ptr() and torch.equal(dz, want)
+    assert torch.cuda.memory_allocated() == free  # no dlogits buffer
+    with pytest.raises(RuntimeError, match="one backward per forward"):
+        torch.autograd.grad(loss, x, one)
+    y = z.clone().requires_grad_(True)
+    with torch.no_grad():
+        _impl("cuda-inplace")(y, t)
+    assert torch.equal(y, z)  # no gradient wanted: the logits are left alone
 
 
 @pytest.mark.parametrize("g_one", [False, True])

@@ -4,19 +4,33 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import Backend, register_backend
+from harness import Backend, ContractException, register_backend
 
 _HERE = Path(__file__).parent
 # threads per block of the row kernels (g_block in softmax_xent.cu); the seed bug (blockDim = V)
 # bites at V > 1024
 BLOCK_V = 256
 
+_SOURCES = tuple(str(_HERE / f) for f in ("softmax_xent.cu", "loader.py", "wrapper.py"))
+
 register_backend(Backend(
     operator="softmax_xent", name="cuda", impl=".wrapper:softmax_xent_cuda", package=__package__,
     devices=("cuda",), requires=(), dtypes=("float32", "bfloat16", "float16"),
     blocks={"BLOCK_V": BLOCK_V},
-    sources=tuple(str(_HERE / f) for f in ("softmax_xent.cu", "loader.py", "wrapper.py")),
+    sources=_SOURCES,
     deterministic=True,
-    description="raw CUDA (nvcc, ctypes): one block per row, online softmax with a warp-uniform running "
-                "max, dlogits for g=1 written in the forward from a re-read of the row, recomputed in the "
-                "backward only when g != 1; fixed-order reductions, no float atomics"))
+    description="raw CUDA (nvcc, ctypes): dlogits for g=1 written in the forward, from rows of 64 KB or more "
+                "read once (a cluster of blocks holds the row in shared memory), from a re-read of shorter "
+                "rows; recomputed in the backward only when g != 1; fixed-order reductions, no float atomics"))
+
+# Training loops that drop the logits after the loss can afford to have dlogits written over them: no
+# dlogits buffer at all (issue 31).
+register_backend(Backend(
+    operator="softmax_xent", name="cuda-inplace", impl=".wrapper:softmax_xent_cuda_inplace", package=__package__,
+    devices=("cuda",), requires=(), dtypes=("float32", "bfloat16", "float16"),
+    blocks={"BLOCK_V": BLOCK_V}, sources=_SOURCES, deterministic=True,
+    contract_exceptions=(ContractException(
+        "input-unchanged", "writes dlogits over its logits input by design (no dlogits buffer: for training "
+        "loops that drop the logits after the loss)"),),
+    description="the cuda backend writing dlogits for g=1 over the logits in the forward; the backward "
+                "scales them in place when g != 1 (one more rounding); one backward per forward"))

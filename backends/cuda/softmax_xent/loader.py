@@ -23,7 +23,9 @@ _SIGNATURES = {
                      _P, _P, _P, _P, _P],
     "xent_backward": [_P, _I32, _I64, _I64, _I64, _P, _I64, _I64, _F32, _F32, _P, _P, _P, _I64, _I32, _P,
                       _I64, _P],
+    "xent_scale": [_P, _I32, _I64, _I64, _I64, _P, _I64, _P],
     "xent_tune": [_I32],
+    "xent_tune_cluster": [_I32, _I32],
     "xent_error_string": [_I32],
 }
 

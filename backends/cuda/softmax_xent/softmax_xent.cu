@@ -6,12 +6,15 @@
 // becomes an exception in Python instead of a silent no-op.
 //
 // Design (bytes for bf16 logits, N*V elements):
-//  * xent_forward with dlogits != NULL (mean/sum, gradient wanted): one block per row computes the
-//    online max/sum (pass 1), the per-row loss, and writes dlogits for an upstream gradient g = 1
-//    (pass 2, re-reading the row). Traffic: read 2*N*V*2 + write N*V*2 bytes; the floor is one read
-//    and one write; cache hints let part of the re-read hit L2 (see "L2 traffic" below). Keeping the
-//    row on chip for pass 2 (a cluster of blocks parking it in shared memory) or a persistent grid
-//    measured slower on an H200 (see g_block below).
+//  * xent_forward with dlogits != NULL (mean/sum, gradient wanted): the row's online max/sum (pass 1),
+//    the per-row loss, and dlogits for an upstream gradient g = 1 (pass 2). Rows of 64 KB or more go to
+//    the cluster kernel: C blocks hold the row in shared memory, so it is read once (the floor: one
+//    read, one write; "one read" below). Shorter rows (and rows whose logits and dlogits vectors are
+//    aligned differently) go to the row kernel: one block per row re-reading the row for pass 2
+//    (read 2*N*V*2 + write N*V*2 bytes), with cache hints so that part of the re-read hits L2 ("L2
+//    traffic" below).
+//  * In place (dlogits == logits, the cuda-inplace backend): the same kernels; every element is read
+//    before it is overwritten, by the thread that overwrites it.
 //  * xent_backward recomputes dlogits = (mu g / D) ((1 + 2 lam LSE) p - (1-eps)[j==y] - eps/V) from
 //    the saved per-row (max, log sum): read N*V*2 + write N*V*2. With skip_if_one it first reads g
 //    on the device and returns at once when g == 1 (the forward's dlogits are then already right),
@@ -37,6 +40,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -173,6 +177,18 @@ __host__ __device__ __forceinline__ uint4 load_pass2(const uint4* p) {
 #else
   return *p;
 #endif
+}
+
+// ---- row addressing --------------------------------------------------------------------------------
+// Row `row` of a [N, *] buffer with row stride `ls` elements. Every kernel reaches its rows through
+// these two, so that the offset stays 64-bit everywhere (N*V exceeds 2^31 in the full preset).
+template <typename T>
+__device__ __forceinline__ const T* row_in(const T* base, int64_t row, int64_t ls) {
+  return base + row * ls;  // 64-bit: N*V exceeds 2^31 in the full preset
+}
+template <typename T>
+__device__ __forceinline__ T* row_out(T* base, int64_t row, int64_t ls) {
+  return base + row * ls;
 }
 
 // ---- geometry: one block's share of a row ---------------------------------------------------------
@@ -553,7 +569,7 @@ xent_rows_kernel(const T* __restrict__ logits, int64_t V, int64_t ls, const int6
   __shared__ MS red;
   const int tid = threadIdx.x, nt = blockDim.x;
   const int64_t row = blockIdx.x;
-  const T* x = logits + row * ls;  // 64-bit: N*V exceeds 2^31 in the full preset
+  const T* x = row_in(logits, row, ls);
   const int64_t y = targets[row * ts];
   const bool valid = y != ignore_index;
   const bool in_range = !valid || (y >= 0 && y < V);
@@ -562,9 +578,10 @@ xent_rows_kernel(const T* __restrict__ logits, int64_t V, int64_t ls, const int6
   MS acc = ms_identity();
   float comp = 0.f;
   if (valid) pass1_thread<T, ZS, KEEP>(x, sp, tid, nt, acc, comp);  // ignored rows are never read
+  // the target's logit, read before the reduction's barrier: in place, pass 2 may overwrite it after
+  const float xy = valid && in_range ? Ty<T>::to_f(x[y]) : 0.f;
   const MS tot = block_reduce(acc, wbuf, &red);
   const float m = tot.m, logs = log1pf(tot.r);
-  const float xy = valid && in_range ? Ty<T>::to_f(x[y]) : 0.f;
   if (tid == 0) {
     stats[row] = make_float2(m, logs);
     float l = 0.f;
@@ -580,7 +597,220 @@ xent_rows_kernel(const T* __restrict__ logits, int64_t V, int64_t ls, const int6
   if (dlog) {
     const float D = *denom;
     const Coef k = make_coef(m, logs, valid, in_range, D == 0.f ? 0.f : 1.f / D, eps, lam, V, xy);
-    pass2_thread<T>(x, dlog + row * ds, sp, tid, nt, y, k);
+    pass2_thread<T>(x, row_out(dlog, row, ds), sp, tid, nt, y, k);
+  }
+}
+
+// ---- one read: a cluster of blocks holds the row in shared memory --------------------------------
+// With a gradient to write, the row kernel above reads each row twice, and at V = 128256 bf16 most of
+// the re-read misses L2 (blocks in flight hold ~100 MB of rows, L2 has 50). Here a cluster of C
+// blocks splits the row (make_span with C parts), each block copies its share to shared memory once
+// (cp.async: no register staging, every vector in flight at once), reduces it, and the C partial
+// (max, sum)s meet through distributed shared memory; pass 2 then reads shared memory. DRAM moves
+// the floor's bytes: one read and one write of the row. Each thread reads back only the vectors it
+// copied itself, so only the reductions synchronise the block.
+//
+// In place (dlog == logits): every element is read before the cluster barrier and written after it,
+// by the thread that read it, so no block overwrites what another has yet to read.
+//
+// Measured on an H100 (N = 8192, V = 128256 bf16, loss.backward(), .ci/xent-cluster-ab; the floor, a
+// copy of the logits, 1.39 ms; the row kernel 1.89-1.92 ms in the same runs): this kernel (C = 4,
+// 256 threads, 64 KB of shared memory a block, 3 blocks per SM) 1.86 ms. Slower: C = 5/6/8 (52/44/32
+// KB a block) 1.92/1.89/2.07 ms; C = 2 with 512 threads (128 KB) 2.52-2.77; 512 threads at 64 KB 2.39;
+// persistent clusters with two shares of shared memory, copying the next row while writing this one,
+// 3.05 (512 threads, 1 block per SM) to 4.65 ms; 16-bit pass 2 in two FMAs, packed max and a per-vector
+// target test: no gain (1.862 against 1.859), not kept. ncu (N = 2048): this kernel reaches 60% of DRAM
+// bandwidth at 66% SM throughput (0.71 issued warps per scheduler), the row kernel 83% at 60%: the
+// blocks here alternate copy, reduce, cluster barrier and write, and 24 warps per SM do not hide it.
+// What would reach the floor: a warp-specialized pipeline (a producer warp feeding a ring of row
+// shares by TMA while consumer warps reduce and write), not tried yet.
+
+constexpr int kClusterMax = 8;  // the portable cluster size
+constexpr int kClusterThreads = 256;
+constexpr int64_t kClusterMinRowBytes = 64 * 1024;  // shorter rows stay in L2 between the two reads
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+// This thread's (max, sum) over its held vectors (tid, tid + nt, ... below nv): the max first (no
+// rescaling branch), then the sum leaving out one element at the max (the MS convention). A thread
+// holding only -inf (or nothing) keeps m = -inf and adds the values themselves, so that a NaN
+// propagates, as ms_add does. (Reducing the first vectors while the last were still arriving, in
+// groups of 2 or 4 per thread, measured slower on an H100: 2.20 and 2.02 ms against 1.89.)
+template <typename T, bool ZS>
+__device__ MS held_ms(const uint4* held, int64_t nv, int tid, int nt) {
+  constexpr bool FAST = Ty<T>::FAST;
+  constexpr int W = Ty<T>::VEC;
+  float m = -INFINITY;
+  for (int64_t i = tid; i < nv; i += nt) {
+    float v[W];
+    Ty<T>::unpack(held[i], v);
+#pragma unroll
+    for (int e = 0; e < W; ++e) m = fmaxf(m, v[e]);
+  }
+  float r = 0.f, z = 0.f;
+  bool excl = m != -INFINITY;
+  for (int64_t i = tid; i < nv; i += nt) {
+    float v[W];
+    Ty<T>::unpack(held[i], v);
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      if (ZS) z += v[e];
+      float t;
+      if (m == -INFINITY) {
+        t = v[e] == -INFINITY ? 0.f : v[e];
+      } else {
+        t = ex<FAST>(v[e] - m);
+        if (excl && v[e] == m) {
+          excl = false;
+          t = 0.f;
+        }
+      }
+      r += t;
+    }
+  }
+  return MS{m, r, z};
+}
+
+// The cluster's (max, sum) of a row: warp 0's lane q reads block q's share through distributed shared
+// memory, lane 0 merges them in rank order (every block gets the same bits), and the block reads it.
+__device__ MS cluster_total(const MS* mine, MS* out, int C) {
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    MS v = lane < C ? *cluster.map_shared_rank(mine, lane) : ms_identity();
+    MS tot = ms_identity();
+    for (int q = 0; q < C; ++q) {
+      MS o;
+      o.m = __shfl_sync(0xffffffffu, v.m, q);
+      o.r = __shfl_sync(0xffffffffu, v.r, q);
+      o.z = __shfl_sync(0xffffffffu, v.z, q);
+      ms_merge(tot, o);
+    }
+    if (lane == 0) *out = tot;
+  }
+  __syncthreads();
+  return *out;
+}
+
+// Grid: N clusters of C blocks, cluster `row` on row `row`; block `rank` of it takes make_span's part
+// `rank` of the row.
+template <typename T, bool ZS>
+__global__ void __launch_bounds__(kClusterThreads)
+xent_rows_cluster_kernel(const T* __restrict__ logits, int64_t V, int64_t ls, const int64_t* __restrict__ targets,
+                         int64_t ts, int64_t ignore_index, float eps, float lam, const float* __restrict__ denom,
+                         T* dlog, int64_t ds, float2* __restrict__ stats, float* __restrict__ row_loss) {
+  extern __shared__ uint4 held[];
+  __shared__ MS wbuf[32];
+  __shared__ MS red;
+  __shared__ MS mine;  // this block's (max, sum), read by the cluster's other blocks
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int C = (int)cluster.num_blocks();
+  const int rank = (int)cluster.block_rank();
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int64_t row = blockIdx.x / C;
+  const T* x = row_in(logits, row, ls);
+  const int64_t y = targets[row * ts];
+  const bool valid = y != ignore_index;
+  const bool in_range = !valid || (y >= 0 && y < V);
+  const Span sp = make_span(reinterpret_cast<uintptr_t>(x), (int)sizeof(T), V, Ty<T>::VEC, C, rank);
+  const int64_t nv = sp.v1 - sp.v0;
+
+  if (valid) {  // ignored rows are never read
+    const uint4* src = reinterpret_cast<const uint4*>(x + sp.base) + sp.v0;
+    for (int64_t i = tid; i < nv; i += nt) cp_async16(held + i, src + i);
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+  // the target's logit, read before any block of the cluster may write the row (in place)
+  const float xy = valid && in_range ? Ty<T>::to_f(x[y]) : 0.f;
+  MS acc = ms_identity();
+  float comp = 0.f;
+  if (valid) {
+    // the scalar head and tail: pass1_thread's loops with an empty body span
+    Span ends = sp;
+    ends.v1 = ends.v0;
+    pass1_thread<T, ZS, false>(x, ends, tid, nt, acc, comp);
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    ms_merge(acc, held_ms<T, ZS>(held, nv, tid, nt));
+  }
+  const MS part = block_reduce(acc, wbuf, &red);
+  if (tid == 0) mine = part;
+  cluster.sync();  // every block's `mine` is written, and every block has read its share of the row
+  const MS tot = cluster_total(&mine, &red, C);
+  // a block's shared memory must outlive its peers' reads of it: arrive now, wait before exiting
+  asm volatile("barrier.cluster.arrive.aligned;" ::: "memory");
+  const float m = tot.m, logs = log1pf(tot.r);
+  if (rank == 0 && tid == 0) {
+    stats[row] = make_float2(m, logs);
+    float l = 0.f;
+    if (valid && !in_range) {
+      l = NAN;
+    } else if (valid) {
+      l = (1.f - eps) * ((m - xy) + logs);
+      if (eps != 0.f) l += eps * ((m - tot.z / (float)V) + logs);
+      if (lam != 0.f) { const float lse = m + logs; l += lam * lse * lse; }
+    }
+    row_loss[row] = l;
+  }
+  const float D = *denom;
+  const Coef k = make_coef(m, logs, valid, in_range, D == 0.f ? 0.f : 1.f / D, eps, lam, V, xy);
+  constexpr bool FAST = Ty<T>::FAST;
+  constexpr int W = Ty<T>::VEC;
+  T* d = row_out(dlog, row, ds);  // not __restrict__: in place, dlog is logits
+  const T zero = Ty<T>::from_f(0.f);
+  for (int64_t j = tid; j < sp.head_hi; j += nt)
+    d[j] = k.zero ? zero : Ty<T>::from_f(j == y ? k.gy : grad_elem<FAST>(Ty<T>::to_f(x[j]), k));
+  for (int64_t j = sp.tail_lo + tid; j < sp.tail_hi; j += nt)
+    d[j] = k.zero ? zero : Ty<T>::from_f(j == y ? k.gy : grad_elem<FAST>(Ty<T>::to_f(x[j]), k));
+  uint4* dst = reinterpret_cast<uint4*>(d + sp.base) + sp.v0;
+  for (int64_t i = tid; i < nv; i += nt) {
+    const int64_t j0 = sp.base + (sp.v0 + i) * W;
+    float o[W];
+    if (k.zero) {
+#pragma unroll
+      for (int e = 0; e < W; ++e) o[e] = 0.f;
+    } else {
+      float v[W];
+      Ty<T>::unpack(held[i], v);
+      const int64_t rel = y - j0;
+#pragma unroll
+      for (int e = 0; e < W; ++e) o[e] = rel == e ? k.gy : grad_elem<FAST>(v[e], k);
+    }
+    store_stream(dst + i, Ty<T>::pack(o));
+  }
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
+
+// In place, backward: dlogits (the forward's gradient for g = 1) scaled by g[row * gs] where that is
+// not 1 (x * 1 == x exactly, so those rows are left alone). Grid: N * parts blocks over row pieces.
+template <typename T>
+__global__ void __launch_bounds__(kMaxThreads)
+xent_scale_kernel(T* d, int64_t V, int64_t ds, const float* __restrict__ g, int64_t gs, int vec, int parts) {
+  const int64_t row = blockIdx.x / parts;
+  const int part = (int)(blockIdx.x % parts);
+  const float s = g[row * gs];
+  if (s == 1.0f) return;
+  T* r = row_out(d, row, ds);
+  const Span sp = make_span(reinterpret_cast<uintptr_t>(r), (int)sizeof(T), V, vec ? Ty<T>::VEC : 1, parts, part);
+  const int tid = threadIdx.x, nt = blockDim.x;
+  for (int64_t j = tid; j < sp.head_hi; j += nt) r[j] = Ty<T>::from_f(Ty<T>::to_f(r[j]) * s);
+  for (int64_t j = sp.tail_lo + tid; j < sp.tail_hi; j += nt) r[j] = Ty<T>::from_f(Ty<T>::to_f(r[j]) * s);
+  constexpr int W = Ty<T>::VEC;
+  if (sp.w > 1) {
+    uint4* v = reinterpret_cast<uint4*>(r + sp.base);
+    for (int64_t i = sp.v0 + tid; i < sp.v1; i += nt) {
+      float o[W];
+      Ty<T>::unpack(v[i], o);
+#pragma unroll
+      for (int e = 0; e < W; ++e) o[e] *= s;
+      store_stream(v + i, Ty<T>::pack(o));
+    }
+  } else {
+    for (int64_t i = sp.v0 + tid; i < sp.v1; i += nt) r[sp.base + i] = Ty<T>::from_f(Ty<T>::to_f(r[sp.base + i]) * s);
   }
 }
 
@@ -595,7 +825,7 @@ xent_grad_kernel(const T* __restrict__ logits, int64_t V, int64_t ls, const int6
   if (skip_if_one && g[0] == 1.0f) return;  // the forward already wrote dlogits for g = 1
   const int64_t row = blockIdx.x / parts;
   const int part = (int)(blockIdx.x % parts);
-  const T* x = logits + row * ls;
+  const T* x = row_in(logits, row, ls);
   const int64_t y = targets[row * ts];
   const bool valid = y != ignore_index;
   const bool in_range = !valid || (y >= 0 && y < V);
@@ -606,7 +836,7 @@ xent_grad_kernel(const T* __restrict__ logits, int64_t V, int64_t ls, const int6
   const float xy = valid && in_range ? Ty<T>::to_f(x[y]) : 0.f;
   const Coef k = make_coef(st.x, st.y, valid, in_range, D == 0.f || !valid ? 0.f : g[row * gs] / D, eps,
                            lam, V, xy);
-  pass2_thread<T>(x, dlog + row * ds, sp, threadIdx.x, blockDim.x, y, k);
+  pass2_thread<T>(x, row_out(dlog, row, ds), sp, threadIdx.x, blockDim.x, y, k);
 }
 
 // D: the valid-token count (mean without normalizer) or a given value (normalizer, or 1).
@@ -673,12 +903,67 @@ bool vec_ok(const void* l, int64_t ls, const void* d, int64_t ds, int es, int64_
   return N <= 1 || ((ls - ds) * es) % 16 == 0;
 }
 
+// The one-read cluster kernel (xent_tune_cluster): on or off, and the most shared memory per block,
+// which sets the cluster size (64 KB: 3 blocks of 256 threads per SM).
+int g_cluster = 1;
+int g_cluster_bytes = 64 * 1024;
+
+// The most body vectors one of C blocks holds (the head may shift the vector grid by up to one vector).
+template <typename T>
+int64_t held_vectors(int64_t V, int C) {
+  return (V / Ty<T>::VEC + 1 + C - 1) / C;
+}
+
+// Blocks per row for the one-read cluster kernel, or 0 where it does not apply: no gradient to write,
+// rows whose vectors are not aligned alike in logits and dlogits, rows short enough for L2 to keep them
+// between two reads, or rows longer than kClusterMax blocks' shared memory.
+template <typename T>
+int cluster_size(int64_t V, int vec, bool has_dlog) {
+#ifdef XENT_KAHAN
+  return 0;
+#endif
+  if (!g_cluster || !has_dlog || !vec || V * (int64_t)sizeof(T) < kClusterMinRowBytes) return 0;
+  for (int c = 2; c <= kClusterMax; ++c)
+    if (held_vectors<T>(V, c) * (int64_t)sizeof(uint4) <= g_cluster_bytes) return c;
+  return 0;
+}
+
+template <typename T>
+cudaError_t launch_rows_cluster(int C, const void* logits, int64_t N, int64_t V, int64_t ls, const int64_t* targets,
+                                int64_t ts, int64_t ignore_index, float eps, float lam, const float* denom,
+                                void* dlog, int64_t ds, float* stats, float* row_loss, cudaStream_t st) {
+  if (N * C > 0x7fffffffLL) return cudaErrorInvalidValue;
+  const size_t smem = (size_t)held_vectors<T>(V, C) * sizeof(uint4);
+  auto kern = eps != 0.f ? xent_rows_cluster_kernel<T, true> : xent_rows_cluster_kernel<T, false>;
+  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return e;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)(N * C));
+  cfg.blockDim = dim3(kClusterThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)C;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  e = cudaLaunchKernelEx(&cfg, kern, static_cast<const T*>(logits), V, ls, targets, ts, ignore_index, eps, lam,
+                         denom, static_cast<T*>(dlog), ds, reinterpret_cast<float2*>(stats), row_loss);
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t launch_rows(const void* logits, int64_t N, int64_t V, int64_t ls, const int64_t* targets,
                         int64_t ts, int64_t ignore_index, float eps, float lam, const float* denom,
                         void* dlog, int64_t ds, float* stats, float* row_loss, cudaStream_t st) {
   const int vec = vec_ok(logits, ls, dlog, ds, (int)sizeof(T), N) ? 1 : 0;
   if (N > 0x7fffffffLL) return cudaErrorInvalidValue;
+  const int C = cluster_size<T>(V, vec, dlog != nullptr);
+  if (C > 0)
+    return launch_rows_cluster<T>(C, logits, N, V, ls, targets, ts, ignore_index, eps, lam, denom, dlog, ds, stats,
+                                  row_loss, st);
   auto kern = eps != 0.f ? (dlog ? xent_rows_kernel<T, true, true> : xent_rows_kernel<T, true, false>)
                          : (dlog ? xent_rows_kernel<T, false, true> : xent_rows_kernel<T, false, false>);
   kern<<<(unsigned)N, row_threads(V, (int)sizeof(T)), 0, st>>>(
@@ -705,6 +990,20 @@ cudaError_t launch_grad(const void* logits, int64_t N, int64_t V, int64_t ls, co
       static_cast<const T*>(logits), V, ls, targets, ts, ignore_index, eps, lam,
       reinterpret_cast<const float2*>(stats), denom, g, gs, skip_if_one, static_cast<T*>(dlog), ds, vec,
       (int)parts);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_scale(void* dlog, int64_t N, int64_t V, int64_t ds, const float* g, int64_t gs, cudaStream_t st) {
+  const int es = (int)sizeof(T);
+  const int vec = vec_ok(dlog, ds, dlog, ds, es, N) ? 1 : 0;
+  const int w = vec ? vec_of<T>() : 1;
+  const int threads = row_threads(V, es);
+  const int64_t per_block = (int64_t)threads * kUnroll * w;
+  int64_t parts = (V + per_block - 1) / per_block;
+  parts = parts < 1 ? 1 : (parts > 64 ? 64 : parts);
+  if (N * parts > 0x7fffffffLL) return cudaErrorInvalidValue;
+  xent_scale_kernel<T><<<(unsigned)(N * parts), threads, 0, st>>>(static_cast<T*>(dlog), V, ds, g, gs, vec, (int)parts);
   return cudaGetLastError();
 }
 
@@ -756,6 +1055,28 @@ int xent_backward(const void* logits, int dtype, int64_t N, int64_t V, int64_t l
     default: return (int)cudaErrorInvalidValue;
   }
   return (int)e;
+}
+
+// In place: dlogits [N, V] (row stride ds), the forward's gradient for g = 1, scaled by g[row * gs]
+// (gs = 0: one scalar) where that is not 1.
+int xent_scale(void* dlog, int dtype, int64_t N, int64_t V, int64_t ds, const float* g, int64_t gs, void* stream) {
+  if (N <= 0) return 0;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case DT_F32: return (int)launch_scale<float>(dlog, N, V, ds, g, gs, st);
+    case DT_BF16: return (int)launch_scale<__nv_bfloat16>(dlog, N, V, ds, g, gs, st);
+    case DT_F16: return (int)launch_scale<__half>(dlog, N, V, ds, g, gs, st);
+    default: return (int)cudaErrorInvalidValue;
+  }
+}
+
+// The one-read cluster kernel (a knob for A/B measurements): on (1: where it applies, 0: never; < 0
+// keeps it) and the most shared memory per block (<= 0 keeps it). Returns the on/off setting before.
+int xent_tune_cluster(int on, int bytes) {
+  const int old = g_cluster;
+  if (on >= 0) g_cluster = on;
+  if (bytes > 0) g_cluster_bytes = bytes;
+  return old;
 }
 
 const char* xent_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
