@@ -79,11 +79,17 @@ def _replica(v: Any, device: str | torch.device | None = None) -> Any:
     if not isinstance(v, Tensor):
         return v
     dev = v.device if device is None else torch.device(device)
+    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
+        # "cuda" names the current GPU; compared as is with a tensor's cuda:0 it differs, and .to() of a
+        # tensor already there is no copy: the replica would share the pristine draw's storage, and a
+        # backend that writes its inputs (in place by design, or by a bug) would change every later cell's
+        # inputs and oracle on this case
+        dev = torch.device("cuda", torch.cuda.current_device())
     if dev == v.device:
         storage = v.untyped_storage().clone()
     else:  # the raw bytes moved, so that strides, offset and padding stay what they were
         raw = torch.empty(0, dtype=torch.uint8, device=v.device).set_(v.untyped_storage())
-        storage = raw.to(dev).untyped_storage()
+        storage = raw.to(dev, copy=True).untyped_storage()
     r = torch.empty(0, dtype=v.dtype, device=dev)
     r.set_(storage, v.storage_offset(), v.size(), v.stride())
     return r.requires_grad_(v.requires_grad)
