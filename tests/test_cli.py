@@ -298,3 +298,25 @@ def test_a_pytest_session_whose_named_backend_ran_no_item_fails_with_the_reasons
     r = subprocess.run(base + ["--backend", "golden", "--harness-dtype", "float32"], cwd=ROOT, capture_output=True,
                        text=True, timeout=600, env=inner_pytest_env())
     assert r.returncode == 0, r.stdout[-3000:]
+
+
+def test_a_backend_that_writes_its_input_by_design_passes_and_is_benched(tmp_path: Path):
+    # its cells draw fresh copies (the determinism re-run computes on logits, not on the first run's dlogits)
+    plugin = str(ROOT / "tests" / "plugins" / "inplace_xent.py")
+    r = harness("run", "--kernel", "softmax_xent", "--sizes", "smoke", "--backend", "inplace-xent", "--plugin", plugin,
+                "--case", "N3-V2", "--dtype", "float32", "--device", "cpu", "--report", str(tmp_path), "--no-progress")
+    assert r.returncode == 0, r.stdout + r.stderr
+    cells = [json.loads(x) for x in (tmp_path / "cpu" / "softmax_xent.jsonl").read_text().splitlines()
+             if '"run"' not in x[:8]]
+    assert cells
+    for cell in cells:
+        contracts = {c["name"]: c for c in cell["contracts"]}
+        assert not contracts["input-unchanged"]["ok"] and contracts["determinism"]["ok"], contracts
+    r = harness("bench", "--kernel", "softmax_xent", "--backend", "inplace-xent", "--plugin", plugin, "--device",
+                "cpu", "--report", str(tmp_path), timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [row] = json.loads((tmp_path / "cpu" / "bench-softmax_xent.json").read_text())["rows"]
+    assert row["fwd_bwd_ms"] > 0 and row["bwd_ms"] is None and "one backward per forward" in row["bwd_note"]
+    assert len(row["fwd_bwd_ms_spread"]) == 2 and "writes its inputs by design" in row["input_note"]
+    md = (tmp_path / "cpu" / "bench-softmax_xent.md").read_text()
+    assert "backward alone not timed" in md and "writes its inputs by design" in md
