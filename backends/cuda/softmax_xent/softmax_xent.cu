@@ -371,6 +371,19 @@ __host__ __device__ __forceinline__ Coef make_coef(float m, float logs, bool val
   return k;
 }
 
+// A row's loss l_i * mu_i from its (max, sum, z-sum), log sum and target logit: 0 for an ignored row, NaN
+// for an out-of-range target.
+__host__ __device__ __forceinline__ float loss_of_row(const MS& tot, float logs, float xy, bool valid, bool in_range,
+                                                      float eps, float lam, int64_t V) {
+  const float m = tot.m;
+  if (valid && !in_range) return NAN;
+  if (!valid) return 0.f;
+  float l = (1.f - eps) * ((m - xy) + logs);
+  if (eps != 0.f) l += eps * ((m - tot.z / (float)V) + logs);
+  if (lam != 0.f) { const float lse = m + logs; l += lam * lse * lse; }
+  return l;
+}
+
 // ---- the per-thread passes (threads tid, tid + nt, ... of a block) --------------------------------
 
 // Pass 1: accumulate this thread's elements of the block's share.
@@ -584,15 +597,7 @@ xent_rows_kernel(const T* __restrict__ logits, int64_t V, int64_t ls, const int6
   const float m = tot.m, logs = log1pf(tot.r);
   if (tid == 0) {
     stats[row] = make_float2(m, logs);
-    float l = 0.f;
-    if (valid && !in_range) {
-      l = NAN;
-    } else if (valid) {
-      l = (1.f - eps) * ((m - xy) + logs);
-      if (eps != 0.f) l += eps * ((m - tot.z / (float)V) + logs);
-      if (lam != 0.f) { const float lse = m + logs; l += lam * lse * lse; }
-    }
-    row_loss[row] = l;
+    row_loss[row] = loss_of_row(tot, logs, xy, valid, in_range, eps, lam, V);
   }
   if (dlog) {
     const float D = *denom;
@@ -746,15 +751,7 @@ xent_rows_cluster_kernel(const T* __restrict__ logits, int64_t V, int64_t ls, co
   const float m = tot.m, logs = log1pf(tot.r);
   if (rank == 0 && tid == 0) {
     stats[row] = make_float2(m, logs);
-    float l = 0.f;
-    if (valid && !in_range) {
-      l = NAN;
-    } else if (valid) {
-      l = (1.f - eps) * ((m - xy) + logs);
-      if (eps != 0.f) l += eps * ((m - tot.z / (float)V) + logs);
-      if (lam != 0.f) { const float lse = m + logs; l += lam * lse * lse; }
-    }
-    row_loss[row] = l;
+    row_loss[row] = loss_of_row(tot, logs, xy, valid, in_range, eps, lam, V);
   }
   const float D = *denom;
   const Coef k = make_coef(m, logs, valid, in_range, D == 0.f ? 0.f : 1.f / D, eps, lam, V, xy);
