@@ -969,6 +969,14 @@ cudaError_t launch_rows(const void* logits, int64_t N, int64_t V, int64_t ls, co
   return cudaGetLastError();
 }
 
+// Blocks per row for the kernels that split rows (gradient, in-place scaling): about kUnroll vectors of
+// w elements per thread, 1 to 64 blocks.
+int64_t row_parts(int64_t V, int threads, int w) {
+  const int64_t per_block = (int64_t)threads * kUnroll * w;
+  const int64_t parts = (V + per_block - 1) / per_block;
+  return parts < 1 ? 1 : (parts > 64 ? 64 : parts);
+}
+
 template <typename T>
 cudaError_t launch_grad(const void* logits, int64_t N, int64_t V, int64_t ls, const int64_t* targets,
                         int64_t ts, int64_t ignore_index, float eps, float lam, const float* stats,
@@ -978,10 +986,7 @@ cudaError_t launch_grad(const void* logits, int64_t N, int64_t V, int64_t ls, co
   const int vec = vec_ok(logits, ls, dlog, ds, es, N) ? 1 : 0;
   const int w = vec ? vec_of<T>() : 1;
   const int threads = row_threads(V, es);
-  // about kUnroll vectors per thread per block
-  const int64_t per_block = (int64_t)threads * kUnroll * w;
-  int64_t parts = (V + per_block - 1) / per_block;
-  parts = parts < 1 ? 1 : (parts > 64 ? 64 : parts);
+  const int64_t parts = row_parts(V, threads, w);
   if (N * parts > 0x7fffffffLL) return cudaErrorInvalidValue;
   xent_grad_kernel<T><<<(unsigned)(N * parts), threads, 0, st>>>(
       static_cast<const T*>(logits), V, ls, targets, ts, ignore_index, eps, lam,
@@ -996,9 +1001,7 @@ cudaError_t launch_scale(void* dlog, int64_t N, int64_t V, int64_t ds, const flo
   const int vec = vec_ok(dlog, ds, dlog, ds, es, N) ? 1 : 0;
   const int w = vec ? vec_of<T>() : 1;
   const int threads = row_threads(V, es);
-  const int64_t per_block = (int64_t)threads * kUnroll * w;
-  int64_t parts = (V + per_block - 1) / per_block;
-  parts = parts < 1 ? 1 : (parts > 64 ? 64 : parts);
+  const int64_t parts = row_parts(V, threads, w);
   if (N * parts > 0x7fffffffLL) return cudaErrorInvalidValue;
   xent_scale_kernel<T><<<(unsigned)(N * parts), threads, 0, st>>>(static_cast<T*>(dlog), V, ds, g, gs, vec, (int)parts);
   return cudaGetLastError();
