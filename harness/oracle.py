@@ -19,7 +19,7 @@ import torch
 from . import chunking
 from .chunking import ChunkPlan, PartialSums, draw_signs, nudge
 from .inputs import generator, place, randn
-from .spec import Case, Inputs, OperatorSpec
+from .spec import Case, Component, Inputs, OperatorSpec
 from .tf32 import TF32Matmuls
 from .twins import base_case, twin_grad_outputs, twin_inputs
 from .verdict import FloorSummary
@@ -362,32 +362,37 @@ def oracle_and_floor(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int
         # the floor under the same protocol: per-microbatch float32 results rounded, then combined
         mo, mg = _floor_microbatched(op, inputs, g, case, seed, contract, tf32)
         _summarize(op, case, mo, o_out, mg, o_grad, summaries)
-    extra: dict[str, Any] = {}
-    if op.extra_bound is not None:
-        params = inspect.signature(op.extra_bound).parameters
-        kw: dict[str, Any] = {"matmul_precision": "tf32"} if tf32 and "matmul_precision" in params else {}
-        if "floor_max" in params:
-            # what the floor itself shows on each component (the figure the verdict multiplies by K_MAX),
-            # for an allowance that must not reach far above it (cases/lazy_attention.py: kink_bound)
-            kw["floor_max"] = {comp.name: _floor_max(op, case, err_out, err_grad, o_out, o_grad, summaries, comp)
-                               for comp in op.components}
-        extra = op.extra_bound(t64, _upcast(g, torch.float64), case, **kw) or {}
-    entry = {
-        "inputs": inputs,
-        "contract": contract,
-        "grad_outputs": g,
-        "o_out": o_out,
-        "o_grad": o_grad,
-        "r_out": err_out,
-        "r_grad": err_grad,
-        "r_summaries": summaries,
-        "extra": extra,
-    }
+    extra = _extra_bound(op, case, lambda: t64, g, tf32, lambda comp: _floor_max(
+        op, case, err_out, err_grad, o_out, o_grad, summaries, comp))
+    entry = _entry(inputs, contract, g, o_out, o_grad, err_out, err_grad, summaries, extra)
     # one entry: a worker runs all backends of a (case, dtype) group in a row, and a second entry of a
     # large case held on the GPU starves the other workers sharing it (seen as OOM cells on an H200)
     _ORACLE_CACHE.clear()
     _ORACLE_CACHE[key] = entry
     return entry
+
+
+def _extra_bound(op: OperatorSpec, case: Case, inputs64: Callable[[], dict[str, Any]], g: dict[str, Tensor],
+                 tf32: bool, floor_max: Callable[[Component], float]) -> dict[str, Any]:
+    """The operator's extra allowances (OperatorSpec.extra_bound; none without one), on the float64 inputs
+    (``inputs64``, made only when asked for) and upstream gradients. ``floor_max``: what the floor itself
+    shows on a component (the figure the verdict multiplies by K_MAX), for an allowance that must not reach
+    far above it (cases/lazy_attention.py: kink_bound)."""
+    if op.extra_bound is None:
+        return {}
+    params = inspect.signature(op.extra_bound).parameters
+    kw: dict[str, Any] = {"matmul_precision": "tf32"} if tf32 and "matmul_precision" in params else {}
+    if "floor_max" in params:
+        kw["floor_max"] = {comp.name: floor_max(comp) for comp in op.components}
+    return op.extra_bound(inputs64(), _upcast(g, torch.float64), case, **kw) or {}
+
+
+def _entry(inputs: Inputs, contract: dict, g: dict[str, Tensor], o_out: dict, o_grad: dict, err_out: dict,
+           err_grad: dict, summaries: dict, extra: dict, **more: Any) -> dict:
+    """The oracle cache's entry of a case: what run_cell and the measurements read (``more``: a chunked
+    case's plan and its floor's TF32 flag)."""
+    return {"inputs": inputs, "contract": contract, "grad_outputs": g, "o_out": o_out, "o_grad": o_grad,
+            "r_out": err_out, "r_grad": err_grad, "r_summaries": summaries, "extra": extra, **more}
 
 
 def _summarize(
@@ -647,29 +652,11 @@ def _oracle_and_floor_chunked(op: OperatorSpec, case: Case, inputs: Inputs, cont
         del signs, o_sums, r_sums, whole
     if case.microbatches > 1 and op.microbatch is not None:
         _floor_microbatched_chunked(op, inputs, g, case, seed, contract, tf32, plan, o_out, o_grad, summaries)
-    extra: dict[str, Any] = {}
-    if op.extra_bound is not None:
-        params_ = inspect.signature(op.extra_bound).parameters
-        kw: dict[str, Any] = {"matmul_precision": "tf32"} if tf32 and "matmul_precision" in params_ else {}
-        if "floor_max" in params_:
-            kw["floor_max"] = {comp.name: max(_floor_max(op, case, err_out, err_grad, o_out, o_grad, summaries, comp),
-                                              first[comp.name].max if comp.name in first else 0.0)
-                               for comp in op.components}
-        extra = op.extra_bound(_upcast(inputs.tensors, torch.float64), _upcast(g, torch.float64), case, **kw) or {}
-    return {
-        "inputs": inputs,
-        "contract": contract,
-        "grad_outputs": g,
-        "o_out": o_out,
-        "o_grad": o_grad,
-        "r_out": err_out,
-        "r_grad": err_grad,
-        "r_summaries": summaries,
-        "extra": extra,
-        # chunked: the components of tensors with every axis are measured chunk by chunk (streaming.py)
-        "plan": plan,
-        "tf32": tf32,
-    }
+    extra = _extra_bound(op, case, lambda: _upcast(inputs.tensors, torch.float64), g, tf32, lambda comp: max(
+        _floor_max(op, case, err_out, err_grad, o_out, o_grad, summaries, comp),
+        first[comp.name].max if comp.name in first else 0.0))
+    # chunked: the components of tensors with every axis are measured chunk by chunk (streaming.py)
+    return _entry(inputs, contract, g, o_out, o_grad, err_out, err_grad, summaries, extra, plan=plan, tf32=tf32)
 
 
 def _on_device(plan: ChunkPlan, tensors: dict[str, Any], device: str) -> ChunkPlan:
