@@ -3,7 +3,9 @@
 The kernels must be decorated with TRITON_INTERPRET=1 already set, so the checks run in one
 subprocess that prints one JSON line per case: the error of every output and gradient relative to
 the reference's largest magnitude. N=37 tokens span three 16-token chunks; V=1025 spans nine
-128-wide vocabulary tiles and five 256-wide lean slabs, the last one a single column.
+128-wide vocabulary tiles and five 256-wide lean slabs, the last one a single column. At H=24 the
+fast mode holds every token's logits (wrapper.holds_logits); at H=8 it runs the token chunks. Cases
+marked ``again`` also run a second backward of the same forward (retain_graph), which recomputes them.
 """
 
 from __future__ import annotations
@@ -27,9 +29,12 @@ OPTS_LSE = {"ignored": 0.3, "reduction": "none", "return_lse": True, "z_loss": 1
             "hidden": "T", "grad": "strided"}
 # (name, mode, dtype, case)
 CASES = [
-    ("fast-mean-ls-zloss-softcap", "fast", "float32", {**BASE, **OPTS_ALL}),
+    ("fast-mean-ls-zloss-softcap", "fast", "float32", {**BASE, **OPTS_ALL, "again": True}),
     ("fast-none-lse-hiddenT", "fast", "float32", {**BASE, **OPTS_LSE}),
     ("fast-normalizer-weightT-fp16", "fast", "float16", {**BASE, "ignored": 0.3, "normalizer": 61.0, "weight": "T"}),
+    ("fast-chunks-mean-ls-zloss-softcap", "fast", "float32", {**BASE, **OPTS_ALL, "H": 8, "again": True}),
+    ("fast-chunks-none-lse-hiddenT", "fast", "float32", {**BASE, **OPTS_LSE, "H": 8}),
+    ("fast-chunks-z16-fp16", "fast", "float16", {**BASE, **OPTS_ALL, "z16": True, "H": 8}),
     # float16 logit offsets (the bf16 GPU configuration's fast mode) exercised in fp16, which the
     # interpreter runs correctly
     ("fast-z16-fp16", "fast", "float16", {**BASE, **OPTS_ALL, "z16": True}),
@@ -79,7 +84,8 @@ SCRIPT = textwrap.dedent("""
             return [t.requires_grad_() for t in (hh, ww, bb) if t is not None]
 
         results = {}
-        z16 = {"config": dataclasses.replace(cfg, z16=True)} if c.get("z16") else {}
+        kcfg = dataclasses.replace(cfg, z16=True) if c.get("z16") else cfg
+        z16 = {"config": kcfg} if c.get("z16") else {}
         kern = lambda *a, **k: fused_linear_xent(*a, mode=mode, **z16, **k)  # noqa: E731
         plain = lambda *a, **k: fused_linear_xent(*a, mode=mode, **k)  # noqa: E731
         for who, fn, cast in (("k", kern, lambda t: t.to(dtype)), ("k32", plain, lambda t: t.to(dtype)),
@@ -92,10 +98,11 @@ SCRIPT = textwrap.dedent("""
             if "lse" in out:
                 outs.append(out["lse"])
                 gos.append(g_lse.to(out["lse"].dtype))
-            grads = torch.autograd.grad(outs, xs, gos)
-            results[who] = (out, grads, xs)
-        (ko, kg, kx), (ro, rg, _) = results["k"], results["r"]
-        row = {"name": name}
+            grads = torch.autograd.grad(outs, xs, gos, retain_graph=bool(c.get("again")))
+            again = torch.autograd.grad(outs, xs, gos) if c.get("again") and who == "k" else None
+            results[who] = (out, grads, xs, again)
+        (ko, kg, kx, kg2), (ro, rg, _, _) = results["k"], results["r"]
+        row = {"name": name, "held": wrapper.holds_logits(N, V, H, dtype, kcfg)}
         if z16:  # the offsets path was taken: its gradients differ from those of float32 logits
             row["z16_differs"] = any(not torch.equal(a, b) for a, b in zip(kg, results["k32"][1]))
         for comp in ("loss", "lse"):
@@ -110,6 +117,9 @@ SCRIPT = textwrap.dedent("""
             m = float(r.abs().max())
             row[comp] = float((k.double() - r).abs().max() / m) if m > 0 else None
             row[comp + "_maxabs"] = float(k.abs().max())
+        for comp, k, r in zip(("dhidden", "dweight", "dbias"), kg2 or (), rg):
+            m = float(r.abs().max())
+            row[comp + "_again"] = float((k.double() - r).abs().max() / m) if m > 0 else None
         print(json.dumps(row), flush=True)
 """)
 
@@ -138,10 +148,20 @@ def test_matches_float64_reference(results, name, mode, dtype, case):
         (["lse"] if case.get("return_lse") else [])
     for comp in comps:
         assert r[comp] is not None and r[comp] <= tol, (comp, r[comp], tol)
+    for comp in set(comps) & {"dhidden", "dweight", "dbias"} if case.get("again") else ():
+        assert r[comp + "_again"] is not None and r[comp + "_again"] <= tol, (comp, r[comp + "_again"], tol)
 
 
-def test_float16_logit_offsets_path_is_taken(results):
-    assert results["fast-z16-fp16"]["z16_differs"]
+@pytest.mark.parametrize("name,held", [("fast-mean-ls-zloss-softcap", True), ("fast-z16-fp16", True),
+                                       ("fast-chunks-mean-ls-zloss-softcap", False),
+                                       ("fast-chunks-z16-fp16", False)])
+def test_fast_mode_path_follows_memory_rule(results, name, held):
+    assert results[name]["held"] is held
+
+
+@pytest.mark.parametrize("name", ["fast-z16-fp16", "fast-chunks-z16-fp16"])
+def test_float16_logit_offsets_path_is_taken(results, name):
+    assert results[name]["z16_differs"]
 
 
 @pytest.mark.parametrize("name", ["fast-all-ignored", "lean-all-ignored"])

@@ -290,30 +290,41 @@ def _dz_chunk_kernel(z_ptr, pm_ptr, dz_ptr, y_ptr, lse_ptr, g_ptr, glse_ptr, den
                      T, V, s_zt, s_p, s_dzt, s_y, s_g, s_gl, s_dbp, ignore_index, eps, lam, inv_v, cap,
                      G_ROWS: tl.constexpr, SCALED: tl.constexpr, HAS_GLSE: tl.constexpr,
                      SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, ZBN: tl.constexpr,
-                     BR: tl.constexpr, BV: tl.constexpr):
-    """Fast mode: a chunk's logits -> dZ in the GEMM dtype, in place (see module doc); with a bias,
-    also the column sums of the float32 dZ of this row block. A float16 z holds z - m, m the row max
-    of the logits tile (ZBN wide) in pm; dZ's error from it is (m - z) * 2^-11 relative (p is at most
-    e^(z - m) of the row's largest entry, so at most e^-1 * 2^-11 of that entry), where dZ is then
-    rounded to 2^-8 (bf16) or 2^-11 (fp16) of each entry anyway."""
+                     BR: tl.constexpr, BV: tl.constexpr, RB: tl.constexpr):
+    """Fast mode: logits -> dZ in the GEMM dtype, in place (see module doc), for RB blocks of BR rows;
+    with a bias, also the column sums of their float32 dZ (one partial row per program: RB blocks
+    of rows share it, so the partials of a whole batch's logits stay small). A float16 z holds
+    z - m, m the row max of the logits tile (ZBN wide) in pm; dZ's error from it is (m - z) * 2^-11
+    relative (p is at most e^(z - m) of the row's largest entry, so at most e^-1 * 2^-11 of that
+    entry), where dZ is then rounded to 2^-8 (bf16) or 2^-11 (fp16) of each entry anyway."""
     pid_r = tl.program_id(0)
     pid_v = tl.program_id(1)
-    rows = pid_r * BR + tl.arange(0, BR)
     cols = pid_v * BV + tl.arange(0, BV)
-    rmask = rows < T
-    mask = rmask[:, None] & (cols[None, :] < V)
-    z = tl.load(z_ptr + rows.to(tl.int64)[:, None] * s_zt + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    if z_ptr.dtype.element_ty == tl.float16:
-        z += tl.load(pm_ptr + rows.to(tl.int64)[:, None] * s_p + (cols // ZBN)[None, :], mask=mask, other=0.0)
-    lse = tl.load(lse_ptr + rows, mask=rmask, other=0.0)
-    y, coef, gl = _row_coef(rows, rmask, y_ptr, s_y, g_ptr, s_g, den_ptr, glse_ptr, s_gl, ignore_index,
-                            G_ROWS, SCALED, HAS_GLSE)
-    dz = tl.where(mask, _dz(z, cols, y, lse, coef, gl, eps, lam, inv_v, cap, SOFTCAP), 0.0)
+    cmask = cols < V
+    colsum = tl.zeros((BV,), dtype=tl.float32)
+    for rb in range(RB):
+        rows = (pid_r * RB + rb) * BR + tl.arange(0, BR)
+        rmask = rows < T
+        mask = rmask[:, None] & cmask[None, :]
+        z = tl.load(z_ptr + rows.to(tl.int64)[:, None] * s_zt + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if z_ptr.dtype.element_ty == tl.float16:
+            p_rows = pm_ptr + rows.to(tl.int64) * s_p
+            if BV == ZBN:  # one logits tile across: its row max is one value per row
+                z += tl.load(p_rows + pid_v, mask=rmask, other=0.0)[:, None]
+            else:
+                z += tl.load(p_rows[:, None] + (cols // ZBN)[None, :], mask=mask, other=0.0)
+        lse = tl.load(lse_ptr + rows, mask=rmask, other=0.0)
+        y, coef, gl = _row_coef(rows, rmask, y_ptr, s_y, g_ptr, s_g, den_ptr, glse_ptr, s_gl, ignore_index,
+                                G_ROWS, SCALED, HAS_GLSE)
+        dz = tl.where(mask, _dz(z, cols, y, lse, coef, gl, eps, lam, inv_v, cap, SOFTCAP), 0.0)
+        if HAS_BIAS:
+            colsum += tl.sum(dz, 0)
+        # dZ overwrites this tile's own logits: every thread must have read them first
+        tl.debug_barrier()
+        tl.store(dz_ptr + rows.to(tl.int64)[:, None] * s_dzt + cols[None, :], dz.to(dz_ptr.dtype.element_ty),
+                 mask=mask)
     if HAS_BIAS:
-        tl.store(dbp_ptr + pid_r * s_dbp + cols, tl.sum(dz, 0), mask=cols < V)
-    # dZ overwrites this tile's own logits: every thread must have read them first
-    tl.debug_barrier()
-    tl.store(dz_ptr + rows.to(tl.int64)[:, None] * s_dzt + cols[None, :], dz.to(dz_ptr.dtype.element_ty), mask=mask)
+        tl.store(dbp_ptr + pid_r * s_dbp + cols, colsum, mask=cmask)
 
 
 @triton.jit

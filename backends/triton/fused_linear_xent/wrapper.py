@@ -2,9 +2,14 @@
 
 Two modes (specs/xent.md, "two honest designs"):
 
-* ``fast``: token chunks. Per chunk, logits with online-LSE partials (float32, or for 16-bit inputs
-  float16 offsets from each tile's max: kernels module doc), dZ once (in place over the logits, in
-  the GEMM dtype), dweight += dZ^T @ h into a float32 [V, H] buffer and
+* ``fast``, held logits (``holds_logits``: when the whole batch's logits take no more memory than the
+  token-chunk design below would): the forward forms every token's logits with online-LSE partials
+  (float32, or for 16-bit inputs float16 offsets from each tile's max: kernels module doc) and keeps
+  them; the backward turns them into dZ in place with the real upstream gradient and finishes
+  dhidden = dZ @ W and dweight = dZ^T @ h in one float32-accumulated GEMM each: 6*N*H*V FLOPs for
+  every reduction and LSE output, no float32 [V, H] buffer.
+* ``fast``, token chunks (larger batches). Per chunk, logits as above, dZ once (in place over the
+  logits, in the GEMM dtype), dweight += dZ^T @ h into a float32 [V, H] buffer and
   dhidden = dZ @ W: 6*N*H*V FLOPs. With reduction mean/sum and no LSE output the gradients are
   formed in the forward with the upstream gradient g folded out and scaled by g / D in the backward;
   otherwise (per-token or LSE upstream gradients) the backward runs the chunks: 8*N*H*V.
@@ -62,6 +67,8 @@ class Config:
     # module doc), dZ in place over them; else float32 logits (and for fp16 inputs dZ beside them)
     z16: bool = False
     dz_warps: int = 4  # warps of a dZ-pass program
+    rblocks: int = 1  # blocks of ``rows`` tokens per program of the dZ pass (they share a dbias partial row)
+    hdw: Gemm | None = None  # held logits (holds_logits): dweight over all tokens at once; None = ldw
 
 
 # Interpreter blocks are small so that the CPU sizes of the tests and presets span several of each.
@@ -254,6 +261,89 @@ def _cast(src: Tensor, dtype: torch.dtype, gr: _Grad) -> Tensor:
     return out
 
 
+def _dbias_partials(T: int, V: int, cfg: Config, device: torch.device) -> Tensor:
+    """One float32 row of dbias partials per program of the dZ pass (cfg.rows * cfg.rblocks tokens)."""
+    return torch.empty((triton.cdiv(T, cfg.rows * cfg.rblocks), V), dtype=F32, device=device)
+
+
+def _dz_pass(z, pm, dz, y, lse, gr: _Grad, t0: int, dbp, o: _Opts, cfg: Config) -> None:
+    """Logits (or float16 offsets from the tile maxima ``pm``) of T tokens -> dZ, in place where dz views z;
+    with ``dbp``, the dbias partials. ``y`` and ``lse`` start at token t0 of the batch, as ``gr`` is cut."""
+    T, V = z.shape
+    ptrs, strides, flags = gr.dz_args(t0)
+    _launch(K._dz_chunk_kernel, (triton.cdiv(T, cfg.rows * cfg.rblocks), triton.cdiv(V, cfg.vblock)), None,
+            z, pm, dz, y, lse, *ptrs, _or(dbp, pm), T, V, z.stride(0), pm.stride(0), dz.stride(0), y.stride(0),
+            *strides, _s0(dbp), *o.row_args(V), SOFTCAP=o.cap is not None, HAS_BIAS=dbp is not None,
+            ZBN=cfg.logits.BN, BR=cfg.rows, BV=cfg.vblock, RB=cfg.rblocks, num_warps=cfg.dz_warps, **flags)
+
+
+def _logit_buffers(T: int, V: int, dtype: torch.dtype, cfg: Config, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The [T, V] logits buffer of the fast mode and dZ over it (the same memory where the dtypes' sizes
+    agree, else a second buffer). Rows padded to 64 entries: 16-bit dZ rows stay 16-byte aligned for the
+    copy engine whatever V is."""
+    Vp = triton.cdiv(V, 64) * 64
+    z16 = cfg.z16 and dtype != F32
+    z = torch.empty((T, Vp), dtype=torch.float16 if z16 else F32, device=device)[:, :V]
+    same = z.element_size() == torch.empty((), dtype=dtype).element_size()
+    dz = z.view(dtype) if same else torch.empty((T, Vp), dtype=dtype, device=device)[:, :V]
+    return z, dz
+
+
+def logits_bytes_per_token(V: int, dtype: torch.dtype, cfg: Config) -> int:
+    """Bytes one token's row takes in the fast mode's logits and dZ buffers."""
+    Vp = triton.cdiv(V, 64) * 64
+    zb = 2 if cfg.z16 and dtype != F32 else 4
+    eb = torch.empty((), dtype=dtype).element_size()
+    return Vp * (zb if zb == eb else zb + eb)
+
+
+def holds_logits(T: int, V: int, H: int, dtype: torch.dtype, cfg: Config) -> bool:
+    """Whether the fast mode keeps the whole batch's logits from the forward to the backward: when they
+    take no more memory than the token-chunk design's float32 [V, H] dweight buffer beside one chunk's
+    logits (so peak memory stays O(chunk * V + V * H), specs/xent.md). The backward then forms dZ with the
+    real upstream gradient and finishes dweight and dhidden in one GEMM each over all tokens: no float32
+    buffer, no read-modify-write passes, no casts, 6*N*H*V FLOPs for every reduction and LSE output."""
+    row = logits_bytes_per_token(V, dtype, cfg)
+    return T <= cfg.chunk or T * row <= V * H * 4 + cfg.chunk * row
+
+
+@dataclass
+class _Held:
+    """What the forward keeps for a held-logits backward (holds_logits)."""
+
+    z: Tensor  # [T, V] logits, or float16 offsets from the tile maxima
+    dz: Tensor  # dZ's buffer: a view of z where the sizes agree
+    pm: Tensor  # [T, V tiles] tile maxima (the offsets' base)
+
+
+def _held_forward(h, W, b, y, o: _Opts, cfg: Config, lse, lt) -> _Held:
+    (T, _), V = h.shape, W.shape[0]
+    z, dz = _logit_buffers(T, V, h.dtype, cfg, h.device)
+    st = [torch.empty((T, triton.cdiv(V, cfg.logits.BN)), dtype=F32, device=h.device) for _ in range(3)] + \
+        [torch.empty((T,), dtype=F32, device=h.device)]
+    _logits(h, W, b, y, z, st, o, cfg)
+    _row_stats(st, y, lse, lt, V, o)
+    return _Held(z, dz, st[0])
+
+
+def _held_backward(held: _Held, h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Config):
+    (T, _), V = h.shape, W.shape[0]
+    dbp = _dbias_partials(T, V, cfg, h.device) if b is not None else None
+    _dz_pass(held.z, held.pm, held.dz, y, lse, gr, 0, dbp, o, cfg)
+    dz = held.dz
+    del held
+    dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+    _dh(dz, W, None, dh, gr, 2, cfg.dh)
+    dw = torch.empty(W.shape, dtype=W.dtype, device=W.device)
+    _dw(dz, h, None, dw, gr, 2, cfg.hdw or cfg.ldw)
+    db = None
+    if b is not None:
+        db32 = torch.empty((V,), dtype=F32, device=h.device)
+        _colsum(dbp, dbp.shape[0], db32, accumulate=False)
+        db = _cast(db32, b.dtype, gr)
+    return dh, dw, db
+
+
 def _chunks(h, W, b, y, o: _Opts, cfg: Config, lse, lt, gr: _Grad | None = None, dh=None, dh_mode=0):
     """The token-chunk pass: LSE and per-token loss, and with ``gr`` the fast-mode gradients
     (dhidden rows into ``dh``: float32 with dh_mode 0, the output with dh_mode 2).
@@ -266,15 +356,10 @@ def _chunks(h, W, b, y, o: _Opts, cfg: Config, lse, lt, gr: _Grad | None = None,
         [torch.empty((C,), dtype=F32, device=h.device)]
     z = dz = dbp = dw = db = None
     if gr is not None:
-        # rows padded to 64 entries: 16-bit dZ rows stay 16-byte aligned for the copy engine whatever V is
-        Vp = triton.cdiv(V, 64) * 64
-        z16 = cfg.z16 and h.dtype != F32
-        z = torch.empty((C, Vp), dtype=torch.float16 if z16 else F32, device=h.device)[:, :V]
-        same = z.element_size() == h.element_size()
-        dz = z.view(h.dtype) if same else torch.empty((C, Vp), dtype=h.dtype, device=h.device)[:, :V]
+        z, dz = _logit_buffers(C, V, h.dtype, cfg, h.device)
         dw = torch.empty(W.shape, dtype=torch.float32, device=h.device)  # dweight: float32 across chunks
         if b is not None:
-            dbp = torch.empty((triton.cdiv(C, cfg.rows), V), dtype=F32, device=h.device)
+            dbp = _dbias_partials(C, V, cfg, h.device)
             db = torch.empty((V,), dtype=F32, device=h.device)
     for t0 in range(0, T, C):
         c = min(C, T - t0)
@@ -283,17 +368,13 @@ def _chunks(h, W, b, y, o: _Opts, cfg: Config, lse, lt, gr: _Grad | None = None,
         _row_stats(st, yc, lse[t0:t0 + c], lt[t0:t0 + c], V, o)
         if gr is None:
             continue
-        ptrs, strides, flags = gr.dz_args(t0)
-        _launch(K._dz_chunk_kernel, (triton.cdiv(c, cfg.rows), triton.cdiv(V, cfg.vblock)), None, z, st[0], dz,
-                yc, lse[t0:], *ptrs, _or(dbp, st[0]), c, V, z.stride(0), st[0].stride(0), dz.stride(0),
-                yc.stride(0), *strides, _s0(dbp), *o.row_args(V), SOFTCAP=o.cap is not None,
-                HAS_BIAS=b is not None, ZBN=cfg.logits.BN, BR=cfg.rows, BV=cfg.vblock, num_warps=cfg.dz_warps, **flags)
+        _dz_pass(z[:c], st[0], dz[:c], yc, lse[t0:], gr, t0, dbp, o, cfg)
         gdw = cfg.dw_small if cfg.dw_small is not None and c < cfg.dw.BK else cfg.dw
         _dw(dz, hc, dw, None, None, 0 if t0 == 0 else 1, gdw)
         _dh(dz, W, dh[t0:t0 + c] if dh_mode == 0 else None, dh[t0:t0 + c] if dh_mode == 2 else None,
             gr, dh_mode, cfg.dh)
         if b is not None:
-            _colsum(dbp, triton.cdiv(c, cfg.rows), db, accumulate=t0 > 0)
+            _colsum(dbp, triton.cdiv(c, cfg.rows * cfg.rblocks), db, accumulate=t0 > 0)
     return dw, db
 
 
@@ -339,9 +420,11 @@ class FusedLinearXent(torch.autograd.Function):
         lt = torch.empty((T,), dtype=F32, device=dev)
         den = torch.empty((), dtype=F32, device=dev)
         loss = torch.empty((), dtype=F32, device=dev)
-        ctx.pre = None
+        ctx.pre = ctx.held = None
         wants = any(ctx.needs_input_grad[:3])
-        if wants and not lean and o.reduction != "none" and not return_lse:
+        if wants and not lean and holds_logits(T, weight.shape[0], hidden.shape[1], hidden.dtype, cfg):
+            ctx.held = _held_forward(hidden, weight, bias, targets, o, cfg, lse, lt)
+        elif wants and not lean and o.reduction != "none" and not return_lse:
             # gradients now, with g folded out: the logits are formed once (6*N*H*V)
             dh32 = torch.empty(hidden.shape, dtype=F32, device=dev)
             unit = _Grad(loss, None, den, fold=True)  # g and D are read only by the backward's casts
@@ -364,7 +447,10 @@ class FusedLinearXent(torch.autograd.Function):
         if g_loss is None:
             g_loss = torch.zeros(lse.shape if o.reduction == "none" else (), dtype=F32, device=lse.device)
         gr = _Grad(g_loss, g_lse, den, fold=o.reduction != "none" and g_lse is None)
-        if ctx.pre is not None:
+        if ctx.held is not None:
+            held, ctx.held = ctx.held, None  # dZ overwrites the logits: a second backward recomputes them
+            dh, dw, db = _held_backward(held, hidden, weight, bias, targets, lse, gr, o, ctx.cfg)
+        elif ctx.pre is not None:
             dh32, dw32, db32 = ctx.pre
             ctx.pre = None
             dh = _cast(dh32, ctx.dtypes[0], gr)
