@@ -87,7 +87,7 @@ INTERPRETER = Config(chunk=16, slab=256, vblock=128, rows=16, logits=Gemm(16, 12
 GPU = Config(chunk=4096, slab=8192, vblock=256, rows=16, logits=Gemm(128, 128, 64, 16, 8, 4, ksplit=4),
              dw=Gemm(128, 256, 64, 8, 8, 4), dh=Gemm(128, 256, 64, 8), dzg=Gemm(128, 256, 64, 8),
              ldw=Gemm(128, 256, 64, 1), ldh=Gemm(128, 256, 64, 8), dw_small=Gemm(256, 128, 64, 1, 8, 3),
-             z16=True)
+             z16=True, rblocks=8)
 # dw_small: a chunk of one token makes Triton specialize T = 1, and that build of the 128x256 s4
 # dweight kernel wants 320 KB of shared memory (sm_90 allows 227 KB; seen as OutOfResources at
 # N=1 on an H200); the 256x128 s3 tile needs 208 KB there. Used for chunks shorter than dw.BK.
@@ -106,7 +106,7 @@ GPU_F16 = dataclasses.replace(GPU, chunk=2048, z16=False)
 # float32 operands: ieee dots run on the FMA units, where small tiles do as well and fit the registers
 _F32 = Gemm(64, 64, 32, 8, 4, 3)
 GPU_FP32 = Config(chunk=2048, slab=8192, vblock=256, rows=16, logits=_F32, dw=_F32, dh=_F32, dzg=_F32,
-                  ldw=_F32, ldh=_F32)
+                  ldw=_F32, ldh=_F32, rblocks=8)
 
 
 def default_config(device: torch.device, dtype: torch.dtype) -> Config:
