@@ -194,9 +194,9 @@ def _logits_kernel(h_ptr, w_ptr, b_ptr, y_ptr, z_ptr, pm_ptr, ps_ptr, pz_ptr, zy
                    HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, STORE_Z: tl.constexpr,
                    EVEN_K: tl.constexpr, PREC: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
-                   FLAT: tl.constexpr, KS: tl.constexpr, TMA: tl.constexpr = False):
-    """Logits tile z = h @ W^T (+ bias, softcap): per-row max, sum-exp and sum of z over the tile,
-    the target logit, and (fast mode) the logits themselves: float32, or into a float16 z_ptr as z
+                   FLAT: tl.constexpr, KS: tl.constexpr, TMA: tl.constexpr = False, SMOOTH: tl.constexpr = True):
+    """Logits tile z = h @ W^T (+ bias, softcap): per-row max, sum-exp and (SMOOTH: label smoothing's) sum
+    of z over the tile, the target logit, and (fast mode) the logits themselves: float32, or into a float16 z_ptr as z
     minus the tile's row max (module doc). KS: see _mm (split chain).
     TMA: h_ptr and w_ptr are tensor descriptors (_mm_tma)."""
     for tile in tl.range(tl.program_id(0), _n_tiles(T, V, BM, BN), tl.num_programs(0), flatten=FLAT):
@@ -220,11 +220,12 @@ def _logits_kernel(h_ptr, w_ptr, b_ptr, y_ptr, z_ptr, pm_ptr, ps_ptr, pz_ptr, zy
                 zs = z - m[:, None]
             tl.store(z_ptr + rm.to(tl.int64)[:, None] * s_zt + rn[None, :], zs.to(z_ptr.dtype.element_ty), mask=mask)
         s = tl.sum(tl.exp(zm - m[:, None]), 1)
-        sz = tl.sum(tl.where(cmask[None, :], z, 0.0), 1)
+        if SMOOTH:
+            sz = tl.sum(tl.where(cmask[None, :], z, 0.0), 1)
+            tl.store(pz_ptr + rm.to(tl.int64) * s_p + pid_n, sz, mask=rmask)
         poff = rm.to(tl.int64) * s_p + pid_n
         tl.store(pm_ptr + poff, m, mask=rmask)
         tl.store(ps_ptr + poff, s, mask=rmask)
-        tl.store(pz_ptr + poff, sz, mask=rmask)
         y = tl.load(y_ptr + rm * s_y, mask=rmask, other=-1)
         zy = tl.sum(tl.where(rn[None, :] == y[:, None], z, 0.0), 1)
         mine = rmask & (y >= pid_n * BN) & (y < pid_n * BN + BN) & (y < V)
@@ -233,7 +234,7 @@ def _logits_kernel(h_ptr, w_ptr, b_ptr, y_ptr, z_ptr, pm_ptr, ps_ptr, pz_ptr, zy
 
 @triton.jit
 def _row_stats_kernel(pm_ptr, ps_ptr, pz_ptr, zy_ptr, y_ptr, lse_ptr, lt_ptr, T, NT, s_p, s_y,
-                      ignore_index, eps, lam, inv_v, BR: tl.constexpr, BT: tl.constexpr):
+                      ignore_index, eps, lam, inv_v, BR: tl.constexpr, BT: tl.constexpr, SMOOTH: tl.constexpr = True):
     """Combines the per-tile partials of rows into LSE_i and the masked per-token loss mu_i * l_i."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     rmask = rows < T
@@ -246,7 +247,8 @@ def _row_stats_kernel(pm_ptr, ps_ptr, pz_ptr, zy_ptr, y_ptr, lse_ptr, lt_ptr, T,
         off = rows.to(tl.int64)[:, None] * s_p + cols[None, :]
         pm = tl.load(pm_ptr + off, mask=mask, other=float("-inf"))
         ps = tl.load(ps_ptr + off, mask=mask, other=0.0)
-        sz += tl.sum(tl.load(pz_ptr + off, mask=mask, other=0.0), 1)
+        if SMOOTH:
+            sz += tl.sum(tl.load(pz_ptr + off, mask=mask, other=0.0), 1)
         m_new = tl.maximum(m, tl.max(pm, 1))
         # rows past T stay at -inf; keep their exponents finite instead of NaN
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)

@@ -208,7 +208,7 @@ def _logits(h, W, b, y, z, st, o: _Opts, cfg: Config) -> None:
     _launch(K._logits_kernel, _grid(T, V, g, h.device), g, ha, wa, _or(b, pm), y, _or(z, pm), pm, ps, pz, zy,
             T, V, H, h.stride(0), h.stride(1), W.stride(0), W.stride(1), _s0(b), y.stride(0), _s0(z), pm.stride(0),
             float(o.cap or 1.0), HAS_BIAS=b is not None, SOFTCAP=o.cap is not None, STORE_Z=z is not None,
-            EVEN_K=H % g.BK == 0, PREC=PREC, KS=_ksplit(g, H), TMA=tma)
+            EVEN_K=H % g.BK == 0, PREC=PREC, KS=_ksplit(g, H), TMA=tma, SMOOTH=o.eps != 0)
 
 
 def _ksplit(g: Gemm, H: int) -> int:
@@ -222,7 +222,17 @@ def _row_stats(st, y, lse, lt, V: int, o: _Opts) -> None:
     pm, ps, pz, zy = st
     T = y.shape[0]
     _launch(K._row_stats_kernel, (triton.cdiv(T, 16),), None, pm, ps, pz, zy, y, lse, lt, T, pm.shape[1],
-            pm.stride(0), y.stride(0), o.ignore_index, o.eps, o.lam, 1.0 / V, BR=16, BT=64, num_warps=4)
+            pm.stride(0), y.stride(0), o.ignore_index, o.eps, o.lam, 1.0 / V, BR=16, BT=64, SMOOTH=o.eps != 0,
+            num_warps=4)
+
+
+def _partials(T: int, V: int, o: _Opts, cfg: Config, device: torch.device) -> list[Tensor]:
+    """Per logits tile of T tokens: row max, sum-exp and (label smoothing only) sum of the logits; and the
+    target logit per token."""
+    nt = triton.cdiv(V, cfg.logits.BN)
+    pm, ps = (torch.empty((T, nt), dtype=F32, device=device) for _ in range(2))
+    pz = torch.empty((T, nt), dtype=F32, device=device) if o.eps != 0 else pm  # pm: never read then
+    return [pm, ps, pz, torch.empty((T,), dtype=F32, device=device)]
 
 
 def _dw(dz, h, acc, out, gr: _Grad | None, mode: int, g: Gemm) -> None:
@@ -319,8 +329,7 @@ class _Held:
 def _held_forward(h, W, b, y, o: _Opts, cfg: Config, lse, lt) -> _Held:
     (T, _), V = h.shape, W.shape[0]
     z, dz = _logit_buffers(T, V, h.dtype, cfg, h.device)
-    st = [torch.empty((T, triton.cdiv(V, cfg.logits.BN)), dtype=F32, device=h.device) for _ in range(3)] + \
-        [torch.empty((T,), dtype=F32, device=h.device)]
+    st = _partials(T, V, o, cfg, h.device)
     _logits(h, W, b, y, z, st, o, cfg)
     _row_stats(st, y, lse, lt, V, o)
     return _Held(z, dz, st[0])
@@ -351,9 +360,7 @@ def _chunks(h, W, b, y, o: _Opts, cfg: Config, lse, lt, gr: _Grad | None = None,
     Returns the float32 dweight and dbias accumulators (None without ``gr``)."""
     T, V = h.shape[0], W.shape[0]
     C = min(cfg.chunk, T)
-    nt = triton.cdiv(V, cfg.logits.BN)
-    st = [torch.empty((C, nt), dtype=F32, device=h.device) for _ in range(3)] + \
-        [torch.empty((C,), dtype=F32, device=h.device)]
+    st = _partials(C, V, o, cfg, h.device)
     z = dz = dbp = dw = db = None
     if gr is not None:
         z, dz = _logit_buffers(C, V, h.dtype, cfg, h.device)
