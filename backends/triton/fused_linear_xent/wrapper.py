@@ -84,10 +84,14 @@ INTERPRETER = Config(chunk=16, slab=256, vblock=128, rows=16, logits=Gemm(16, 12
 # chunk: 4096 tokens of float16 logit offsets take the memory that 2048 of float32 logits took, and
 # halve the float32 dweight read-modify-write passes (dweight was 18.6 ms of 49.5 in fast mode's
 # fwd+bwd, N=8192, H=4096, V=128256 on an H100, at 2048 tokens of float32 logits).
-GPU = Config(chunk=4096, slab=8192, vblock=256, rows=16, logits=Gemm(128, 128, 64, 16, 8, 4, ksplit=4),
-             dw=Gemm(128, 256, 64, 8, 8, 4), dh=Gemm(128, 256, 64, 8), dzg=Gemm(128, 256, 64, 8),
+GPU = Config(chunk=4096, slab=8192, vblock=128, rows=8, logits=Gemm(128, 128, 64, 16, 8, 4, ksplit=4),
+             dw=Gemm(128, 256, 64, 8, 8, 4), dh=Gemm(128, 256, 64, 16), dzg=Gemm(128, 256, 64, 8),
              ldw=Gemm(128, 256, 64, 1), ldh=Gemm(128, 256, 64, 8), dw_small=Gemm(256, 128, 64, 1, 8, 3),
-             z16=True, rblocks=8)
+             z16=True, dz_warps=2, rblocks=16, hdw=Gemm(128, 256, 64, 8, 8, 4))
+# Held logits (the default at N=8192, H=4096, V=128256, bf16; .ci/flx-ab on an H100, each kernel alone, median
+# of do_bench): dZ pass 128 columns x 8 rows x 16 row blocks, 2 warps 1.78 ms (256x16x8, 4 warps 2.59; 256x16x1
+# 2.32; 128x32x4 2.32; 512x16x8, 8 warps 4.45; a torch copy of the buffer 2.94); dweight over all 8192 tokens
+# 128x256 G8 s4 11.67 ms (the lean tile G1 s3 12.31, 256x128 12.21); dhidden G16 11.11 ms (G8 11.23, G4 11.34).
 # dw_small: a chunk of one token makes Triton specialize T = 1, and that build of the 128x256 s4
 # dweight kernel wants 320 KB of shared memory (sm_90 allows 227 KB; seen as OutOfResources at
 # N=1 on an H200); the 256x128 s3 tile needs 208 KB there. Used for chunks shorter than dw.BK.
@@ -344,13 +348,18 @@ def _held_backward(held: _Held, h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Confi
     dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
     _dh(dz, W, None, dh, gr, 2, cfg.dh)
     dw = torch.empty(W.shape, dtype=W.dtype, device=W.device)
-    _dw(dz, h, None, dw, gr, 2, cfg.hdw or cfg.ldw)
+    _dw(dz, h, None, dw, gr, 2, _dw_tile(cfg.hdw or cfg.ldw, T, cfg))
     db = None
     if b is not None:
         db32 = torch.empty((V,), dtype=F32, device=h.device)
         _colsum(dbp, dbp.shape[0], db32, accumulate=False)
         db = _cast(db32, b.dtype, gr)
     return dh, dw, db
+
+
+def _dw_tile(g: Gemm, T: int, cfg: Config) -> Gemm:
+    """The dweight tile for T tokens: cfg.dw_small where T is shorter than one K step (see GPU)."""
+    return cfg.dw_small if cfg.dw_small is not None and T < g.BK else g
 
 
 def _chunks(h, W, b, y, o: _Opts, cfg: Config, lse, lt, gr: _Grad | None = None, dh=None, dh_mode=0):
@@ -376,8 +385,7 @@ def _chunks(h, W, b, y, o: _Opts, cfg: Config, lse, lt, gr: _Grad | None = None,
         if gr is None:
             continue
         _dz_pass(z[:c], st[0], dz[:c], yc, lse[t0:], gr, t0, dbp, o, cfg)
-        gdw = cfg.dw_small if cfg.dw_small is not None and c < cfg.dw.BK else cfg.dw
-        _dw(dz, hc, dw, None, None, 0 if t0 == 0 else 1, gdw)
+        _dw(dz, hc, dw, None, None, 0 if t0 == 0 else 1, _dw_tile(cfg.dw, c, cfg))
         _dh(dz, W, dh[t0:t0 + c] if dh_mode == 0 else None, dh[t0:t0 + c] if dh_mode == 2 else None,
             gr, dh_mode, cfg.dh)
         if b is not None:
