@@ -87,11 +87,12 @@ INTERPRETER = Config(chunk=16, slab=256, vblock=128, rows=16, logits=Gemm(16, 12
 GPU = Config(chunk=4096, slab=8192, vblock=128, rows=8, logits=Gemm(128, 128, 64, 16, 8, 4, ksplit=4),
              dw=Gemm(128, 256, 64, 8, 8, 4), dh=Gemm(128, 256, 64, 16), dzg=Gemm(128, 256, 64, 8),
              ldw=Gemm(128, 256, 64, 1), ldh=Gemm(128, 256, 64, 8), dw_small=Gemm(256, 128, 64, 1, 8, 3),
-             z16=True, dz_warps=2, rblocks=16, hdw=Gemm(128, 256, 64, 8, 8, 4))
+             z16=True, dz_warps=1, rblocks=16, hdw=Gemm(128, 256, 64, 8, 8, 4))
 # Held logits (the default at N=8192, H=4096, V=128256, bf16; .ci/flx-ab on an H100, each kernel alone, median
-# of do_bench): dZ pass 128 columns x 8 rows x 16 row blocks, 2 warps 1.78 ms (256x16x8, 4 warps 2.59; 256x16x1
-# 2.32; 128x32x4 2.32; 512x16x8, 8 warps 4.45; a torch copy of the buffer 2.94); dweight over all 8192 tokens
-# 128x256 G8 s4 11.67 ms (the lean tile G1 s3 12.31, 256x128 12.21); dhidden G16 11.11 ms (G8 11.23, G4 11.34).
+# of do_bench): dZ pass 128 columns x 8 rows x 16 row blocks on 1 warp 1.59 ms (2 warps 1.78; 128x4x32 1.59;
+# 256x16x8 on 4 warps 2.59; 128x32x4 1.87; 512x16x8 on 8 warps 3.14; a torch copy of the buffer 2.94); dweight
+# over all 8192 tokens 128x256 G8 s4 11.64-11.67 ms (the lean tile G1 s3 12.31-12.66, 256x128 12.21-12.28);
+# dhidden G16 11.11-11.57 ms, G8 11.11-11.23, G4 11.33.
 # dw_small: a chunk of one token makes Triton specialize T = 1, and that build of the 128x256 s4
 # dweight kernel wants 320 KB of shared memory (sm_90 allows 227 KB; seen as OutOfResources at
 # N=1 on an H200); the 256x128 s3 tile needs 208 KB there. Used for chunks shorter than dw.BK.
