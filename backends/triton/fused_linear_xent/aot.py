@@ -25,7 +25,7 @@ def _target(name: str, fn, dtype: torch.dtype, constexprs: dict, ones: tuple[str
             gemm: Gemm | None = None, warps: int = 4) -> dict:
     consts = dict(constexprs)
     if gemm is not None:
-        consts.update(BM=gemm.BM, BN=gemm.BN, BK=gemm.BK, GROUP=gemm.GROUP, FLAT=gemm.persistent)
+        consts.update(BM=gemm.BM, BN=gemm.BN, BK=gemm.BK, GROUP=gemm.GROUP)
     consts.update({a: 1 for a in ones})
     sig, aligned = {}, []
     for a in fn.arg_names:
@@ -89,13 +89,13 @@ def aot_targets() -> list[dict]:
     for norm in (False, True):
         out.append(_target(f"loss-norm{int(norm)}", K._loss_kernel, f32,
                            dict(MEAN=True, HAS_NORM=norm, BLOCK=1024), ("s_y",)))
-    dz_flags = dict(SOFTCAP=True, HAS_BIAS=True, BR=GPU.rows, BV=GPU.vblock, ZBN=GPU.logits.BN)
+    dz_flags = dict(SOFTCAP=True, HAS_BIAS=True, BR=GPU.rows, BV=GPU.vblock, ZBN=GPU.logits.BN, RB=GPU.rblocks)
     out.append(_target("dz-chunk-fold", K._dz_chunk_kernel, bf, {**dz_flags, **_coef(False, False, False)},
-                       ("s_y",)))
+                       ("s_y",), warps=GPU.dz_warps))
     out.append(_target("dz-chunk-rows", K._dz_chunk_kernel, bf, {**dz_flags, **_coef(True, True, True)},
-                       ("s_y", "s_g", "s_gl")))
+                       ("s_y", "s_g", "s_gl"), warps=GPU.dz_warps))
     out.append(_target("dz-chunk-fold", K._dz_chunk_kernel, f32, {**dz_flags, **_coef(False, False, False)},
-                       ("s_y",)))
+                       ("s_y",), warps=GPU_FP32.dz_warps))
     for dt, coef in ((bf, _coef(False, False, False)), (bf, _coef(True, True, True)),
                      (f32, _coef(False, True, True))):
         out.append(_target(f"dz-gemm-rows{int(coef['G_ROWS'])}", K._dz_gemm_kernel, dt,
@@ -105,8 +105,9 @@ def aot_targets() -> list[dict]:
         out.append(_target(f"dw-mode{mode}", K._dw_kernel, dt,
                            dict(MODE=mode, APPLY_G=fold, EVEN_K=True, PREC="ieee", TMA=False), ("s_hk",),
                            _cfg(dt).ldw if mode == 2 else _cfg(dt).dw))
-    for mode, gm in ((1, GPU.dw), (2, GPU.ldw)):
-        t = _target(f"dw-tma-mode{mode}", K._dw_kernel, bf,
+    # running sum (token chunks), lean slab, held logits over all tokens
+    for name, mode, gm in (("dw-tma-mode1", 1, GPU.dw), ("dw-tma-mode2", 2, GPU.ldw), ("dw-tma-held", 2, GPU.hdw)):
+        t = _target(name, K._dw_kernel, bf,
                     dict(MODE=mode, APPLY_G=mode == 2, EVEN_K=True, PREC="ieee", TMA=True), ("s_hk",), gm)
         out.append(_descriptors(t, bf, gm, {"dz_ptr": "BK,BM", "h_ptr": "BK,BN"}))
     lz = _target("dz-gemm-tma", K._dz_gemm_kernel, bf, dict(HAS_BIAS=True, SOFTCAP=True, EVEN_K=True, PREC="ieee",

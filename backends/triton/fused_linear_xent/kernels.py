@@ -22,9 +22,11 @@ import triton.language as tl
 def _tile_ids(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr):
     """Grouped tile order: GROUP row blocks walk the column blocks together (L2 reuse).
 
-    GEMM kernels loop over tiles pid, pid + grid, ...: one tile per program when the grid covers
-    them all; persistent (grid = SM count, FLAT: one flattened, software-pipelined loop over the
-    tiles and their K steps, so the next tile's loads overlap this tile's epilogue) otherwise."""
+    GEMM kernels take one tile per program, with no loop over tiles: the logits kernel wrapped in a
+    one-trip tile loop (kept for a persistent option) took 16.67 ms where the same chains without it
+    took 15.94 ms, bitwise equal (H100, N=8192, H=4096, V=128256 bf16, .ci/flx-logits-ab); persistent
+    grids had measured slower (the dweight running-sum read stalls each tile; logits 49.5 against
+    44.2 ms for the held fast mode's fwd+bwd, .ci/flx-ab)."""
     n_m = tl.cdiv(M, BM)
     n_n = tl.cdiv(N, BN)
     width = GROUP * n_n
@@ -33,11 +35,6 @@ def _tile_ids(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr
     pid_m = first + (pid % width) % size
     pid_n = (pid % width) // size
     return pid_m, pid_n
-
-
-@triton.jit
-def _n_tiles(M, N, BM: tl.constexpr, BN: tl.constexpr):
-    return tl.cdiv(M, BM) * tl.cdiv(N, BN)
 
 
 @triton.jit
@@ -194,42 +191,41 @@ def _logits_kernel(h_ptr, w_ptr, b_ptr, y_ptr, z_ptr, pm_ptr, ps_ptr, pz_ptr, zy
                    HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, STORE_Z: tl.constexpr,
                    EVEN_K: tl.constexpr, PREC: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
-                   FLAT: tl.constexpr, KS: tl.constexpr, TMA: tl.constexpr = False, SMOOTH: tl.constexpr = True):
+                   KS: tl.constexpr, TMA: tl.constexpr = False, SMOOTH: tl.constexpr = True):
     """Logits tile z = h @ W^T (+ bias, softcap): per-row max, sum-exp and (SMOOTH: label smoothing's) sum
-    of z over the tile, the target logit, and (fast mode) the logits themselves: float32, or into a float16 z_ptr as z
-    minus the tile's row max (module doc). KS: see _mm (split chain).
+    of z over the tile, the target logit, and (fast mode) the logits themselves: float32, or into a
+    float16 z_ptr as z minus the tile's row max (module doc). KS: see _mm (split chain).
     TMA: h_ptr and w_ptr are tensor descriptors (_mm_tma)."""
-    for tile in tl.range(tl.program_id(0), _n_tiles(T, V, BM, BN), tl.num_programs(0), flatten=FLAT):
-        pid_m, pid_n = _tile_ids(tile, T, V, BM, BN, GROUP)
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        if TMA:
-            acc = _mm_tma(h_ptr, w_ptr, pid_m * BM, pid_n * BN, H, acc, BK, KS)
-        else:
-            acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, EVEN_K, PREC, KS)
-        z = _logits(acc, b_ptr, rn, V, s_b, cap, HAS_BIAS, SOFTCAP)
-        rmask = rm < T
-        cmask = rn < V
-        mask = rmask[:, None] & cmask[None, :]
-        zm = tl.where(cmask[None, :], z, float("-inf"))
-        m = tl.max(zm, 1)
-        if STORE_Z:
-            zs = z
-            if z_ptr.dtype.element_ty == tl.float16:
-                zs = z - m[:, None]
-            tl.store(z_ptr + rm.to(tl.int64)[:, None] * s_zt + rn[None, :], zs.to(z_ptr.dtype.element_ty), mask=mask)
-        s = tl.sum(tl.exp(zm - m[:, None]), 1)
-        if SMOOTH:
-            sz = tl.sum(tl.where(cmask[None, :], z, 0.0), 1)
-            tl.store(pz_ptr + rm.to(tl.int64) * s_p + pid_n, sz, mask=rmask)
-        poff = rm.to(tl.int64) * s_p + pid_n
-        tl.store(pm_ptr + poff, m, mask=rmask)
-        tl.store(ps_ptr + poff, s, mask=rmask)
-        y = tl.load(y_ptr + rm * s_y, mask=rmask, other=-1)
-        zy = tl.sum(tl.where(rn[None, :] == y[:, None], z, 0.0), 1)
-        mine = rmask & (y >= pid_n * BN) & (y < pid_n * BN + BN) & (y < V)
-        tl.store(zy_ptr + rm, zy, mask=mine)
+    pid_m, pid_n = _tile_ids(tl.program_id(0), T, V, BM, BN, GROUP)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if TMA:
+        acc = _mm_tma(h_ptr, w_ptr, pid_m * BM, pid_n * BN, H, acc, BK, KS)
+    else:
+        acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, EVEN_K, PREC, KS)
+    z = _logits(acc, b_ptr, rn, V, s_b, cap, HAS_BIAS, SOFTCAP)
+    rmask = rm < T
+    cmask = rn < V
+    mask = rmask[:, None] & cmask[None, :]
+    zm = tl.where(cmask[None, :], z, float("-inf"))
+    m = tl.max(zm, 1)
+    if STORE_Z:
+        zs = z
+        if z_ptr.dtype.element_ty == tl.float16:
+            zs = z - m[:, None]
+        tl.store(z_ptr + rm.to(tl.int64)[:, None] * s_zt + rn[None, :], zs.to(z_ptr.dtype.element_ty), mask=mask)
+    s = tl.sum(tl.exp(zm - m[:, None]), 1)
+    if SMOOTH:
+        sz = tl.sum(tl.where(cmask[None, :], z, 0.0), 1)
+        tl.store(pz_ptr + rm.to(tl.int64) * s_p + pid_n, sz, mask=rmask)
+    poff = rm.to(tl.int64) * s_p + pid_n
+    tl.store(pm_ptr + poff, m, mask=rmask)
+    tl.store(ps_ptr + poff, s, mask=rmask)
+    y = tl.load(y_ptr + rm * s_y, mask=rmask, other=-1)
+    zy = tl.sum(tl.where(rn[None, :] == y[:, None], z, 0.0), 1)
+    mine = rmask & (y >= pid_n * BN) & (y < pid_n * BN + BN) & (y < V)
+    tl.store(zy_ptr + rm, zy, mask=mine)
 
 
 @triton.jit
@@ -336,29 +332,28 @@ def _dz_gemm_kernel(h_ptr, w_ptr, b_ptr, y_ptr, lse_ptr, g_ptr, glse_ptr, den_pt
                     G_ROWS: tl.constexpr, SCALED: tl.constexpr, HAS_GLSE: tl.constexpr,
                     HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
-                    FLAT: tl.constexpr, TMA: tl.constexpr = False):
+                    TMA: tl.constexpr = False):
     """Lean mode: logits of a vocabulary slab recomputed and turned into dZ in the epilogue
     (LSE known from the forward); with a bias, column sums of this row block's float32 dZ.
     TMA: h_ptr and w_ptr are tensor descriptors (_mm_tma)."""
-    for tile in tl.range(tl.program_id(0), _n_tiles(T, V, BM, BN), tl.num_programs(0), flatten=FLAT):
-        pid_m, pid_n = _tile_ids(tile, T, V, BM, BN, GROUP)
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        if TMA:
-            acc = _mm_tma(h_ptr, w_ptr, pid_m * BM, pid_n * BN, H, acc, BK)
-        else:
-            acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, EVEN_K, PREC)
-        z = _logits(acc, b_ptr, rn, V, s_b, cap, HAS_BIAS, SOFTCAP)
-        rmask = rm < T
-        mask = rmask[:, None] & (rn[None, :] < V)
-        lse = tl.load(lse_ptr + rm, mask=rmask, other=0.0)
-        y, coef, gl = _row_coef(rm, rmask, y_ptr, s_y, g_ptr, s_g, den_ptr, glse_ptr, s_gl, ignore_index,
-                                G_ROWS, SCALED, HAS_GLSE)
-        dz = tl.where(mask, _dz(z, rn + v_off, y, lse, coef, gl, eps, lam, inv_v, cap, SOFTCAP), 0.0)
-        if HAS_BIAS:
-            tl.store(dbp_ptr + pid_m * s_dbp + rn, tl.sum(dz, 0), mask=rn < V)
-        tl.store(dz_ptr + rm.to(tl.int64)[:, None] * s_dzt + rn[None, :], dz.to(dz_ptr.dtype.element_ty), mask=mask)
+    pid_m, pid_n = _tile_ids(tl.program_id(0), T, V, BM, BN, GROUP)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if TMA:
+        acc = _mm_tma(h_ptr, w_ptr, pid_m * BM, pid_n * BN, H, acc, BK)
+    else:
+        acc = _mm(h_ptr, w_ptr, rm, rn, T, V, H, s_ht, s_hk, s_wk, s_wv, acc, BK, EVEN_K, PREC)
+    z = _logits(acc, b_ptr, rn, V, s_b, cap, HAS_BIAS, SOFTCAP)
+    rmask = rm < T
+    mask = rmask[:, None] & (rn[None, :] < V)
+    lse = tl.load(lse_ptr + rm, mask=rmask, other=0.0)
+    y, coef, gl = _row_coef(rm, rmask, y_ptr, s_y, g_ptr, s_g, den_ptr, glse_ptr, s_gl, ignore_index,
+                            G_ROWS, SCALED, HAS_GLSE)
+    dz = tl.where(mask, _dz(z, rn + v_off, y, lse, coef, gl, eps, lam, inv_v, cap, SOFTCAP), 0.0)
+    if HAS_BIAS:
+        tl.store(dbp_ptr + pid_m * s_dbp + rn, tl.sum(dz, 0), mask=rn < V)
+    tl.store(dz_ptr + rm.to(tl.int64)[:, None] * s_dzt + rn[None, :], dz.to(dz_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -375,64 +370,62 @@ def _scale(g_ptr, den_ptr, APPLY_G: tl.constexpr):
 def _dw_kernel(dz_ptr, h_ptr, acc_ptr, out_ptr, g_ptr, den_ptr, V, H, T, s_dzt, s_ht, s_hk, s_acc, s_out,
                MODE: tl.constexpr, APPLY_G: tl.constexpr, EVEN_K: tl.constexpr,
                PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
-               FLAT: tl.constexpr, TMA: tl.constexpr = False):
+               TMA: tl.constexpr = False):
     """dweight tile = dZ^T @ hidden over T tokens. MODE 0: store into the float32 accumulator,
     1: add to it (later chunks), 2: finished here, scaled and stored in the output dtype.
     TMA: dz_ptr and h_ptr are tensor descriptors of [BK, BM] and [BK, BN] blocks."""
-    for tile in tl.range(tl.program_id(0), _n_tiles(V, H, BM, BN), tl.num_programs(0), flatten=FLAT):
-        pid_m, pid_n = _tile_ids(tile, V, H, BM, BN, GROUP)
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
-        mask = (rm[:, None] < V) & (rn[None, :] < H)
-        offs = rm.to(tl.int64)[:, None] * s_acc + rn[None, :]
-        if MODE == 1:
-            # the running sum is read before the main loop, which hides the read's latency (adding
-            # it after the loop, in float32 round-to-nearest, measured 3% slower on an H200)
-            acc = tl.load(acc_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        else:
-            acc = tl.zeros((BM, BN), dtype=tl.float32)
-        if TMA:
-            for k0 in range(0, T, BK):  # the descriptors' zero padding masks the tokens past T
-                acc = tl.dot(dz_ptr.load([k0, pid_m * BM]).T, h_ptr.load([k0, pid_n * BN]), acc)
-        else:
-            acc = _mm(dz_ptr, h_ptr, rm, rn, V, H, T, 1, s_dzt, s_ht, s_hk, acc, BK, EVEN_K, PREC)
-        if MODE == 2:
-            acc = acc * _scale(g_ptr, den_ptr, APPLY_G)
-            tl.store(out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :],
-                     acc.to(out_ptr.dtype.element_ty), mask=mask)
-        else:
-            tl.store(acc_ptr + offs, acc.to(acc_ptr.dtype.element_ty), mask=mask)
+    pid_m, pid_n = _tile_ids(tl.program_id(0), V, H, BM, BN, GROUP)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    mask = (rm[:, None] < V) & (rn[None, :] < H)
+    offs = rm.to(tl.int64)[:, None] * s_acc + rn[None, :]
+    if MODE == 1:
+        # the running sum is read before the main loop, which hides the read's latency (adding
+        # it after the loop, in float32 round-to-nearest, measured 3% slower on an H200)
+        acc = tl.load(acc_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if TMA:
+        for k0 in range(0, T, BK):  # the descriptors' zero padding masks the tokens past T
+            acc = tl.dot(dz_ptr.load([k0, pid_m * BM]).T, h_ptr.load([k0, pid_n * BN]), acc)
+    else:
+        acc = _mm(dz_ptr, h_ptr, rm, rn, V, H, T, 1, s_dzt, s_ht, s_hk, acc, BK, EVEN_K, PREC)
+    if MODE == 2:
+        acc = acc * _scale(g_ptr, den_ptr, APPLY_G)
+        tl.store(out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(acc_ptr + offs, acc.to(acc_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _dh_kernel(dz_ptr, w_ptr, acc_ptr, out_ptr, g_ptr, den_ptr, T, H, V, s_dzt, s_wv, s_wk, s_acc, s_out,
                MODE: tl.constexpr, APPLY_G: tl.constexpr, EVEN_K: tl.constexpr,
                PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
-               FLAT: tl.constexpr, TMA: tl.constexpr = False):
+               TMA: tl.constexpr = False):
     """dhidden tile = dZ @ weight over V vocabulary entries. MODE 0: store float32, 1: add to the
     float32 accumulator, 2: scaled into the output, 3: accumulator + this tile, scaled into the output.
     TMA: dz_ptr and w_ptr are tensor descriptors of [BM, BK] and [BK, BN] blocks."""
-    for tile in tl.range(tl.program_id(0), _n_tiles(T, H, BM, BN), tl.num_programs(0), flatten=FLAT):
-        pid_m, pid_n = _tile_ids(tile, T, H, BM, BN, GROUP)
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
-        mask = (rm[:, None] < T) & (rn[None, :] < H)
-        offs = rm.to(tl.int64)[:, None] * s_acc + rn[None, :]
-        if MODE == 1 or MODE == 3:
-            acc = tl.load(acc_ptr + offs, mask=mask, other=0.0)
-        else:
-            acc = tl.zeros((BM, BN), dtype=tl.float32)
-        if TMA:
-            for k0 in range(0, V, BK):
-                acc = tl.dot(dz_ptr.load([pid_m * BM, k0]), w_ptr.load([k0, pid_n * BN]), acc)
-        else:
-            acc = _mm(dz_ptr, w_ptr, rm, rn, T, H, V, s_dzt, 1, s_wv, s_wk, acc, BK, EVEN_K, PREC)
-        if MODE >= 2:
-            acc = acc * _scale(g_ptr, den_ptr, APPLY_G)
-            tl.store(out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :],
-                     acc.to(out_ptr.dtype.element_ty), mask=mask)
-        else:
-            tl.store(acc_ptr + offs, acc, mask=mask)
+    pid_m, pid_n = _tile_ids(tl.program_id(0), T, H, BM, BN, GROUP)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    mask = (rm[:, None] < T) & (rn[None, :] < H)
+    offs = rm.to(tl.int64)[:, None] * s_acc + rn[None, :]
+    if MODE == 1 or MODE == 3:
+        acc = tl.load(acc_ptr + offs, mask=mask, other=0.0)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if TMA:
+        for k0 in range(0, V, BK):
+            acc = tl.dot(dz_ptr.load([pid_m * BM, k0]), w_ptr.load([k0, pid_n * BN]), acc)
+    else:
+        acc = _mm(dz_ptr, w_ptr, rm, rn, T, H, V, s_dzt, 1, s_wv, s_wk, acc, BK, EVEN_K, PREC)
+    if MODE >= 2:
+        acc = acc * _scale(g_ptr, den_ptr, APPLY_G)
+        tl.store(out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(acc_ptr + offs, acc, mask=mask)
 
 
 @triton.jit

@@ -21,7 +21,6 @@ Two modes (specs/xent.md, "two honest designs"):
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +45,6 @@ class Gemm:
     GROUP: int
     warps: int = 8
     stages: int = 3
-    persistent: bool = False  # grid = SM count, tiles looped in one flattened pipeline (an option)
     ksplit: int = 0  # logits: K tiles per tensor-core accumulator chain, 0 = one chain (kernels._mm)
 
 
@@ -165,20 +163,13 @@ def _s0(t: Tensor | None) -> int:
 def _launch(kernel, grid, gemm: Gemm | None, *args, **const) -> None:
     if gemm is not None:
         const.update(BM=gemm.BM, BN=gemm.BN, BK=gemm.BK, GROUP=gemm.GROUP, num_warps=gemm.warps,
-                     num_stages=gemm.stages, FLAT=gemm.persistent)
+                     num_stages=gemm.stages)
     kernel[grid](*args, **const)
 
 
-@functools.cache
-def _sm_count(index: int | None) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _grid(M: int, N: int, g: Gemm, device: torch.device) -> tuple[int]:
-    tiles = triton.cdiv(M, g.BM) * triton.cdiv(N, g.BN)
-    if g.persistent and device.type == "cuda":
-        return (min(tiles, _sm_count(device.index)),)
-    return (tiles,)
+def _grid(M: int, N: int, g: Gemm) -> tuple[int]:
+    """One program per output tile (kernels._tile_ids)."""
+    return (triton.cdiv(M, g.BM) * triton.cdiv(N, g.BN),)
 
 
 # float32 inputs get true float32 products (no TF32); 16-bit inputs ignore it
@@ -210,7 +201,7 @@ def _logits(h, W, b, y, z, st, o: _Opts, cfg: Config) -> None:
     (T, H), V, g = h.shape, W.shape[0], cfg.logits
     pm, ps, pz, zy = st
     (ha, wa), tma = _tma_args((h, [g.BM, g.BK]), (W, [g.BN, g.BK]))
-    _launch(K._logits_kernel, _grid(T, V, g, h.device), g, ha, wa, _or(b, pm), y, _or(z, pm), pm, ps, pz, zy,
+    _launch(K._logits_kernel, _grid(T, V, g), g, ha, wa, _or(b, pm), y, _or(z, pm), pm, ps, pz, zy,
             T, V, H, h.stride(0), h.stride(1), W.stride(0), W.stride(1), _s0(b), y.stride(0), _s0(z), pm.stride(0),
             float(o.cap or 1.0), HAS_BIAS=b is not None, SOFTCAP=o.cap is not None, STORE_Z=z is not None,
             EVEN_K=H % g.BK == 0, PREC=PREC, KS=_ksplit(g, H), TMA=tma, SMOOTH=o.eps != 0)
@@ -246,7 +237,7 @@ def _dw(dz, h, acc, out, gr: _Grad | None, mode: int, g: Gemm) -> None:
     dummy = _or(acc, out)
     g_ptr, den_ptr = gr.scale_args() if gr is not None else (dummy, dummy)
     (da, ha), tma = _tma_args((dz[:T], [g.BK, g.BM]), (h, [g.BK, g.BN]))
-    _launch(K._dw_kernel, _grid(V, H, g, h.device), g, da, ha, dummy, _or(out, dummy), g_ptr, den_ptr, V, H, T,
+    _launch(K._dw_kernel, _grid(V, H, g), g, da, ha, dummy, _or(out, dummy), g_ptr, den_ptr, V, H, T,
             dz.stride(0), h.stride(0), h.stride(1), _s0(acc), _s0(out), MODE=mode,
             APPLY_G=gr is not None and gr.fold, EVEN_K=T % g.BK == 0, PREC=PREC, TMA=tma)
 
@@ -257,7 +248,7 @@ def _dh(dz, W, acc, out, gr: _Grad | None, mode: int, g: Gemm) -> None:
     dummy = _or(acc, out)
     g_ptr, den_ptr = gr.scale_args() if gr is not None else (dummy, dummy)
     (da, wa), tma = _tma_args((dz[:T], [g.BM, g.BK]), (W, [g.BK, g.BN]))
-    _launch(K._dh_kernel, _grid(T, H, g, W.device), g, da, wa, dummy, _or(out, dummy), g_ptr, den_ptr, T, H, V,
+    _launch(K._dh_kernel, _grid(T, H, g), g, da, wa, dummy, _or(out, dummy), g_ptr, den_ptr, T, H, V,
             dz.stride(0), W.stride(0), W.stride(1), _s0(acc), _s0(out), MODE=mode,
             APPLY_G=gr is not None and gr.fold, EVEN_K=V % g.BK == 0, PREC=PREC, TMA=tma)
 
@@ -410,7 +401,7 @@ def _lean_backward(h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Config):
         bs = b[v0:v0 + s] if b is not None else None
         dbs = dbp[:, v0:] if dbp is not None else None
         (ha, wa), tma = _tma_args((h, [g.BM, g.BK]), (Ws, [g.BN, g.BK]))
-        _launch(K._dz_gemm_kernel, _grid(T, s, g, h.device), g, ha, wa, _or(bs, dz), y, lse, *ptrs, dz,
+        _launch(K._dz_gemm_kernel, _grid(T, s, g), g, ha, wa, _or(bs, dz), y, lse, *ptrs, dz,
                 _or(dbs, dz), T, s, H, v0, h.stride(0), h.stride(1), Ws.stride(0), Ws.stride(1), _s0(bs), y.stride(0),
                 *strides, dz.stride(0), _s0(dbs), *o.row_args(V), HAS_BIAS=b is not None,
                 SOFTCAP=o.cap is not None, EVEN_K=H % g.BK == 0, PREC=PREC, TMA=tma, **flags)
