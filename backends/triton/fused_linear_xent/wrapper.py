@@ -20,6 +20,7 @@ Two modes (specs/xent.md, "two honest designs"):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -67,6 +68,7 @@ class Config:
     dz_warps: int = 4  # warps of a dZ-pass program
     rblocks: int = 1  # blocks of ``rows`` tokens per program of the dZ pass (they share a dbias partial row)
     hdw: Gemm | None = None  # held logits (holds_logits): dweight over all tokens at once; None = ldw
+    cublas: bool = False  # held logits, bf16 on a GPU: dhidden and dweight by cuBLAS (torch.mm)
 
 
 # Interpreter blocks are small so that the CPU sizes of the tests and presets span several of each.
@@ -85,7 +87,7 @@ INTERPRETER = Config(chunk=16, slab=256, vblock=128, rows=16, logits=Gemm(16, 12
 GPU = Config(chunk=4096, slab=8192, vblock=128, rows=8, logits=Gemm(128, 128, 64, 16, 8, 4, ksplit=4),
              dw=Gemm(128, 256, 64, 8, 8, 4), dh=Gemm(128, 256, 64, 16), dzg=Gemm(128, 256, 64, 8),
              ldw=Gemm(128, 256, 64, 1), ldh=Gemm(128, 256, 64, 8), dw_small=Gemm(256, 128, 64, 1, 8, 3),
-             z16=True, dz_warps=1, rblocks=16, hdw=Gemm(128, 256, 64, 8, 8, 4))
+             z16=True, dz_warps=1, rblocks=16, hdw=Gemm(128, 256, 64, 8, 8, 4), cublas=True)
 # Held logits (the default at N=8192, H=4096, V=128256, bf16; .ci/flx-ab on an H100, each kernel alone, median
 # of do_bench): dZ pass 128 columns x 8 rows x 16 row blocks on 1 warp 1.59 ms (2 warps 1.78; 128x4x32 1.59;
 # 256x16x8 on 4 warps 2.59; 128x32x4 1.87; 512x16x8 on 8 warps 3.14; a torch copy of the buffer 2.94); dweight
@@ -105,7 +107,7 @@ GPU = Config(chunk=4096, slab=8192, vblock=128, rows=8, logits=Gemm(128, 128, 64
 # same 256-wide chains as 128x128x128 KS=2: 3 stages 4.92, 2 stages 5.91; 5 stages 5.02; GROUP 8 4.94.
 # fp16 inputs keep float32 logits: with fp16 dZ (2^-11) the offsets' error (up to (m - z) * 2^-11) is as
 # large as dZ's own rounding; on the CPU sweep it raised the worst fp16 dweight ratio from 0.39 to 0.58
-GPU_F16 = dataclasses.replace(GPU, chunk=2048, z16=False)
+GPU_F16 = dataclasses.replace(GPU, chunk=2048, z16=False, cublas=False)
 # float32 operands: ieee dots run on the FMA units, where small tiles do as well and fit the registers
 _F32 = Gemm(64, 64, 32, 8, 4, 3)
 GPU_FP32 = Config(chunk=2048, slab=8192, vblock=256, rows=16, logits=_F32, dw=_F32, dh=_F32, dzg=_F32,
@@ -334,19 +336,40 @@ def _held_forward(h, W, b, y, o: _Opts, cfg: Config, lse, lt) -> _Held:
 def _held_backward(held: _Held, h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Config):
     (T, _), V = h.shape, W.shape[0]
     dbp = _dbias_partials(T, V, cfg, h.device) if b is not None else None
+    cublas = cfg.cublas and h.is_cuda and h.dtype == torch.bfloat16
+    if cublas:
+        # g / D goes into dZ before its rounding (bf16 has float32's exponent range: nothing underflows), so
+        # the GEMMs need no scale
+        gr = dataclasses.replace(gr, fold=False)
     _dz_pass(held.z, held.pm, held.dz, y, lse, gr, 0, dbp, o, cfg)
     dz = held.dz
-    del held
-    dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
-    _dh(dz, W, None, dh, gr, 2, cfg.dh)
-    dw = torch.empty(W.shape, dtype=W.dtype, device=W.device)
-    _dw(dz, h, None, dw, gr, 2, _dw_tile(cfg.hdw or cfg.ldw, T, cfg))
+    if cublas:
+        with _float32_reductions():
+            dh, dw = torch.mm(dz, W), torch.mm(dz.t(), h)
+    else:
+        dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+        _dh(dz, W, None, dh, gr, 2, cfg.dh)
+        dw = torch.empty(W.shape, dtype=W.dtype, device=W.device)
+        _dw(dz, h, None, dw, gr, 2, _dw_tile(cfg.hdw or cfg.ldw, T, cfg))
     db = None
     if b is not None:
         db32 = torch.empty((V,), dtype=F32, device=h.device)
         _colsum(dbp, dbp.shape[0], db32, accumulate=False)
         db = _cast(db32, b.dtype, gr)
     return dh, dw, db
+
+
+@contextlib.contextmanager
+def _float32_reductions():
+    """cuBLAS bf16 GEMMs that reduce in float32 only: torch lets cuBLAS reduce split-K partials in bf16
+    unless told otherwise, which would break the float32 accumulation of dweight and dhidden."""
+    m = torch.backends.cuda.matmul
+    saved = m.allow_bf16_reduced_precision_reduction
+    m.allow_bf16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        m.allow_bf16_reduced_precision_reduction = saved
 
 
 def _dw_tile(g: Gemm, T: int, cfg: Config) -> Gemm:
