@@ -13,7 +13,7 @@ from harness.cases.fused_linear_xent import C
 from harness import Expectation, Mutant, register_mutant
 
 # the dhidden kernel's read of the running sum (the dweight kernel has the same line, already cast)
-_LOAD = "if MODE == 1 or MODE == 3:\n            acc = tl.load(acc_ptr + offs, mask=mask, other=0.0)"
+_LOAD = "if MODE == 1 or MODE == 3:\n        acc = tl.load(acc_ptr + offs, mask=mask, other=0.0)"
 
 register_mutant(Mutant(
     id="xent-lean-dhidden-half-accum", operator="fused_linear_xent", backend="triton-lean",
