@@ -12,11 +12,14 @@ BLOCKS = {"BLOCK_N": 16, "BLOCK_V": 128, "BLOCK_H": 16} if interpreted() else \
 
 for _name, _impl, _desc in (
     ("triton", "fused_linear_xent_fast",
-     "Triton, fast mode: token chunks; float32 logits with online-LSE partials, dZ formed once per chunk "
-     "(in place over the logits), dweight += dZ^T h into a float32 [V, H] buffer, dhidden = dZ W; "
-     "Triton GEMMs with float32 accumulation. 6*N*H*V FLOPs for mean/sum without an LSE output "
-     "(gradients formed in the forward, scaled by g/D in the backward); reduction='none' or an LSE "
-     "output recompute the chunks in the backward (8*N*H*V). Extra memory ~ V*H*4 + chunk*V*4."),
+     "Triton, fast mode: float32 logits with online-LSE partials (float16 offsets from each tile's max for "
+     "bf16). Where the batch's logits take no more memory than the chunked design below (N*V*2 <= V*H*4 + "
+     "chunk*V*2), the forward keeps them and the backward forms dZ once with the real upstream gradient and "
+     "finishes dhidden = dZ W and dweight = dZ^T h in one float32-accumulated GEMM each (cuBLAS with float32 "
+     "reductions for bf16 on a GPU, Triton otherwise): 6*N*H*V FLOPs for every reduction. Larger batches run "
+     "token chunks: dZ once per chunk in place over its logits, dweight += dZ^T h into a float32 [V, H] "
+     "buffer, 6*N*H*V for mean/sum without an LSE output (gradients formed in the forward, scaled by g/D in "
+     "the backward), 8*N*H*V otherwise. Extra memory ~ min(N*V*2, V*H*4 + chunk*V*2)."),
     ("triton-lean", "fused_linear_xent_lean",
      "Triton, lean mode: vocabulary outer; forward LSE pass (logits never stored), backward per "
      "vocabulary slab recomputes the logits of all tokens into dZ, finishes that dweight slab in one "
