@@ -351,12 +351,7 @@ def _held_backward(held: _Held, h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Confi
         _dh(dz, W, None, dh, gr, 2, cfg.dh)
         dw = torch.empty(W.shape, dtype=W.dtype, device=W.device)
         _dw(dz, h, None, dw, gr, 2, _dw_tile(cfg.hdw or cfg.ldw, T, cfg))
-    db = None
-    if b is not None:
-        db32 = torch.empty((V,), dtype=F32, device=h.device)
-        _colsum(dbp, dbp.shape[0], db32, accumulate=False)
-        db = _cast(db32, b.dtype, gr)
-    return dh, dw, db
+    return dh, dw, _dbias(dbp, b, gr)
 
 
 @contextlib.contextmanager
@@ -370,6 +365,15 @@ def _float32_reductions():
         yield
     finally:
         m.allow_bf16_reduced_precision_reduction = saved
+
+
+def _dbias(dbp: Tensor | None, b: Tensor | None, gr: _Grad) -> Tensor | None:
+    """dbias from the dZ passes' float32 partials (scaled by g / D where the gradient was folded out)."""
+    if b is None:
+        return None
+    db32 = torch.empty((b.shape[0],), dtype=F32, device=b.device)
+    _colsum(dbp, dbp.shape[0], db32, accumulate=False)
+    return _cast(db32, b.dtype, gr)
 
 
 def _dw_tile(g: Gemm, T: int, cfg: Config) -> Gemm:
@@ -431,12 +435,7 @@ def _lean_backward(h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Config):
         _dw(dz, h, None, dw[v0:v0 + s], gr, 2, cfg.ldw)
         mode = 2 if n_slabs == 1 else 0 if i == 0 else 3 if i == n_slabs - 1 else 1
         _dh(dz, Ws, acc, dh if mode >= 2 else None, gr, mode, cfg.ldh)
-    db = None
-    if b is not None:
-        db32 = torch.empty((V,), dtype=F32, device=h.device)
-        _colsum(dbp, dbp.shape[0], db32, accumulate=False)
-        db = _cast(db32, b.dtype, gr)
-    return dh, dw, db
+    return dh, dw, _dbias(dbp, b, gr)
 
 
 class FusedLinearXent(torch.autograd.Function):
