@@ -39,11 +39,14 @@ def timeit(fn: Callable[[], Any], reps: int = 0) -> float:
     return timings(fn, reps)[0]
 
 
-def timings(fn: Callable[[], Any], reps: int = 0) -> tuple[float, float, float]:
+def timings(fn: Callable[[], Any], reps: int = 0,
+            setup: Callable[[], Any] | None = None) -> tuple[float, float, float]:
     """(median, 20th percentile, 80th percentile) milliseconds of at least ``reps`` timed calls (default
     MIN_CALLS, or about 2 s of calls where that is fewer, at least 5): the median decides a target, the
-    spread says how far to trust it."""
+    spread says how far to trust it. With ``setup``, each timed call comes after an untimed setup()."""
     calls = reps or MIN_CALLS
+    if setup is not None:
+        return _timings_after(setup, fn, calls, bool(reps))
     if torch.cuda.is_available():
         try:
             from triton.testing import do_bench
@@ -68,13 +71,46 @@ def timings(fn: Callable[[], Any], reps: int = 0) -> tuple[float, float, float]:
         fn()
         _sync()
         ts.append((time.perf_counter() - t0) * 1e3)
-    ts.sort()
+    return _quantiles(ts)
+
+
+def _quantiles(ts: list[float]) -> tuple[float, float, float]:
+    ts = sorted(ts)
     return ts[len(ts) // 2], ts[int(0.2 * (len(ts) - 1))], ts[int(0.8 * (len(ts) - 1) + 0.5)]
 
 
-def _timed(row: dict[str, Any], key: str, fn: Callable[[], Any], reps: int) -> None:
+def _timings_after(setup: Callable[[], Any], fn: Callable[[], Any], calls: int,
+                   explicit: bool) -> tuple[float, float, float]:
+    """timings() of fn where each call needs an untimed setup() first (a backward its own forward). On a GPU,
+    events on the stream bracket fn alone, the setup's kernels queued ahead of them."""
+    cuda = torch.cuda.is_available()
+
+    def one() -> float:
+        setup()
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        return (time.perf_counter() - t0) * 1e3
+
+    first = one()  # warms up, and sizes the count as timings() does
+    if not explicit:
+        calls = min(calls, max(5, int(2000 / max(first, 1e-3))))
+    one()
+    return _quantiles([one() for _ in range(calls)])
+
+
+def _timed(row: dict[str, Any], key: str, fn: Callable[[], Any], reps: int,
+           setup: Callable[[], Any] | None = None) -> None:
     """row[key] (ms, the median) and row[key + "_spread"] ([20th, 80th] percentiles)."""
-    median, lo, hi = timings(fn, reps)
+    median, lo, hi = timings(fn, reps, setup)
     row[key] = median
     row[key + "_spread"] = [lo, hi]
 
@@ -152,7 +188,8 @@ def bench_calls(
     op: OperatorSpec, b: registry.Backend, case: Case, dtype: torch.dtype, device: str
 ) -> dict[str, Any]:
     """The timed callables of one backend on one case: forward, backward_only, fwd_bwd (None without
-    gradients), plus the ``forward_nograd`` of an autograd backend and ``clear`` to drop the held graph.
+    gradients), plus the ``forward_nograd`` of an autograd backend, ``refresh`` (a new forward, untimed, for
+    the next backward_only: a backward consumes what its forward held) and ``clear`` to drop the held graph.
     Shared by ``harness bench`` and the pytest-benchmark items."""
     inputs = gen_inputs(op, case, dtype, 0, device)
     contract = output_contract(op, inputs.tensors)
@@ -169,20 +206,31 @@ def bench_calls(
     shapes = {k: tuple(v.shape) for k, v in outs.items() if isinstance(v, torch.Tensor)}
     grads = gen_grad_outputs(op, case, 0, inputs.tensors, shapes, contract, device)
     # held in a dict so that the first forward's graph can be dropped before the memory measurement
-    st = {
-        "saved": saved,
-        "pairs": [(outs[n], grads[n]) for n in op.graded_outputs if n in outs and n in grads and outs[n].requires_grad],
-    }
+    st: dict[str, Any] = {}
+
+    def hold(outs: dict, saved: Any) -> None:
+        st["saved"] = saved
+        st["pairs"] = [(outs[n], grads[n]) for n in op.graded_outputs
+                       if n in outs and n in grads and outs[n].requires_grad]
+
+    hold(outs, saved)
     del outs, saved
 
+    def refresh() -> None:
+        st.clear()
+        o, s = forward()
+        hold(as_dict(op, o), s)
+
     def backward_only():
+        # one backward per forward, as training runs it: a backend may keep state for exactly one backward
+        # (held logits, gradients written over an input), and a retained graph's later backwards time
+        # whatever it does without that state
         if bwd_fn is not None:
             return bwd_fn(st["saved"], grads)
         return torch.autograd.grad(
             [o for o, _ in st["pairs"]],
             list(leaves.values()),
             [g for _, g in st["pairs"]],
-            retain_graph=True,
             allow_unused=True,
         )
 
@@ -203,6 +251,7 @@ def bench_calls(
         "forward": forward,
         "forward_nograd": forward_nograd if bwd_fn is None else None,
         "backward_only": backward_only if has_grad else None,
+        "refresh": refresh,
         "fwd_bwd": fwd_bwd if has_grad else None,
         "clear": st.clear,
     }
@@ -230,13 +279,7 @@ def measure(
     _timed(row, "fwd_ms", forward, reps)
     has_grad = fwd_bwd is not None
     if has_grad:
-        try:
-            _timed(row, "bwd_ms", calls["backward_only"], reps)
-        except RuntimeError as e:
-            # a backend that allows one backward per forward (it wrote its gradient over an input): the
-            # backward has no time of its own, fwd+bwd still has one
-            row["bwd_ms"] = None
-            row["bwd_note"] = f"backward alone not timed: {str(e)[:200]}"
+        _timed(row, "bwd_ms", calls["backward_only"], reps, setup=calls["refresh"])
         _timed(row, "fwd_bwd_ms", fwd_bwd, reps)
     if profile and device.startswith("cuda"):
         row["kernels"] = kernel_breakdown(fwd_bwd if has_grad else forward)
@@ -435,7 +478,7 @@ def render_bench(payload: dict, baseline: str) -> str:
             f"{f(r.get('fwd_bw_frac'), '.0%')} | {f(r.get('bwd_bw_frac'), '.0%')} | {f(r.get('tflops'), '.0f')} | "
             f"{f(r.get('peak_extra_gb'), '.2f')} | {f(r.get('speedup_fwd_bwd'), '.2f')} |"
         )
-    notes = [f"- {r['backend']}, {r['case']}: {r[k]}" for r in rows for k in ("input_note", "bwd_note") if r.get(k)]
+    notes = [f"- {r['backend']}, {r['case']}: {r['input_note']}" for r in rows if r.get("input_note")]
     if notes:
         lines += [""] + notes
     if payload.get("targets"):

@@ -1,8 +1,9 @@
 """A softmax_xent backend that writes dlogits over its logits input, as the cuda-inplace backend does, on
 the CPU (eager torch): its forward writes dlogits for g = 1 over the logits, its backward scales them and
 refuses a second backward of the same forward. It declares the contract it breaks (input-unchanged), so
-its cells pass on their figures; the bench times its fwd+bwd and says why its backward alone is not
-timed. Mean reduction with ignore_index only (the options it does not implement raise)."""
+its cells pass on their figures; the bench times its backward alone after a forward of its own each
+time, and says that its timed calls run on what the call before wrote. Mean reduction with ignore_index
+only (the options it does not implement raise)."""
 
 from __future__ import annotations
 
