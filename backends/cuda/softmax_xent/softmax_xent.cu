@@ -977,33 +977,44 @@ int64_t row_parts(int64_t V, int threads, int w) {
   return parts < 1 ? 1 : (parts > 64 ? 64 : parts);
 }
 
+// The launch of a row-splitting kernel (xent_grad_kernel, xent_scale_kernel): vector access where both rows
+// allow it, row_threads() threads, row_parts() blocks per row; ok is false where N * parts overflows the grid.
+struct RowSplit {
+  int vec;
+  int threads;
+  int64_t parts;
+  bool ok;
+};
+
+template <typename T>
+RowSplit row_split(const void* src, int64_t ss, const void* dst, int64_t ds, int64_t N, int64_t V) {
+  const int es = (int)sizeof(T);
+  const int vec = vec_ok(src, ss, dst, ds, es, N) ? 1 : 0;
+  const int threads = row_threads(V, es);
+  const int64_t parts = row_parts(V, threads, vec ? vec_of<T>() : 1);
+  return {vec, threads, parts, N * parts <= 0x7fffffffLL};
+}
+
 template <typename T>
 cudaError_t launch_grad(const void* logits, int64_t N, int64_t V, int64_t ls, const int64_t* targets,
                         int64_t ts, int64_t ignore_index, float eps, float lam, const float* stats,
                         const float* denom, const float* g, int64_t gs, int skip_if_one, void* dlog,
                         int64_t ds, cudaStream_t st) {
-  const int es = (int)sizeof(T);
-  const int vec = vec_ok(logits, ls, dlog, ds, es, N) ? 1 : 0;
-  const int w = vec ? vec_of<T>() : 1;
-  const int threads = row_threads(V, es);
-  const int64_t parts = row_parts(V, threads, w);
-  if (N * parts > 0x7fffffffLL) return cudaErrorInvalidValue;
-  xent_grad_kernel<T><<<(unsigned)(N * parts), threads, 0, st>>>(
+  const RowSplit r = row_split<T>(logits, ls, dlog, ds, N, V);
+  if (!r.ok) return cudaErrorInvalidValue;
+  xent_grad_kernel<T><<<(unsigned)(N * r.parts), r.threads, 0, st>>>(
       static_cast<const T*>(logits), V, ls, targets, ts, ignore_index, eps, lam,
-      reinterpret_cast<const float2*>(stats), denom, g, gs, skip_if_one, static_cast<T*>(dlog), ds, vec,
-      (int)parts);
+      reinterpret_cast<const float2*>(stats), denom, g, gs, skip_if_one, static_cast<T*>(dlog), ds, r.vec,
+      (int)r.parts);
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t launch_scale(void* dlog, int64_t N, int64_t V, int64_t ds, const float* g, int64_t gs, cudaStream_t st) {
-  const int es = (int)sizeof(T);
-  const int vec = vec_ok(dlog, ds, dlog, ds, es, N) ? 1 : 0;
-  const int w = vec ? vec_of<T>() : 1;
-  const int threads = row_threads(V, es);
-  const int64_t parts = row_parts(V, threads, w);
-  if (N * parts > 0x7fffffffLL) return cudaErrorInvalidValue;
-  xent_scale_kernel<T><<<(unsigned)(N * parts), threads, 0, st>>>(static_cast<T*>(dlog), V, ds, g, gs, vec, (int)parts);
+  const RowSplit r = row_split<T>(dlog, ds, dlog, ds, N, V);
+  if (!r.ok) return cudaErrorInvalidValue;
+  xent_scale_kernel<T><<<(unsigned)(N * r.parts), r.threads, 0, st>>>(static_cast<T*>(dlog), V, ds, g, gs, r.vec,
+                                                                       (int)r.parts);
   return cudaGetLastError();
 }
 

@@ -285,24 +285,27 @@ def _dz_pass(z, pm, dz, y, lse, gr: _Grad, t0: int, dbp, o: _Opts, cfg: Config) 
             ZBN=cfg.logits.BN, BR=cfg.rows, BV=cfg.vblock, RB=cfg.rblocks, num_warps=cfg.dz_warps, **flags)
 
 
+def _logit_layout(V: int, dtype: torch.dtype, cfg: Config) -> tuple[int, torch.dtype, bool]:
+    """Row length (V padded to 64 entries: 16-bit dZ rows stay 16-byte aligned for the copy engine whatever V
+    is), dtype of the fast mode's logits buffer, and whether dZ needs a buffer of its own (sizes differ)."""
+    zdtype = torch.float16 if cfg.z16 and dtype != F32 else F32
+    separate = zdtype.itemsize != dtype.itemsize
+    return triton.cdiv(V, 64) * 64, zdtype, separate
+
+
 def _logit_buffers(T: int, V: int, dtype: torch.dtype, cfg: Config, device: torch.device) -> tuple[Tensor, Tensor]:
     """The [T, V] logits buffer of the fast mode and dZ over it (the same memory where the dtypes' sizes
-    agree, else a second buffer). Rows padded to 64 entries: 16-bit dZ rows stay 16-byte aligned for the
-    copy engine whatever V is."""
-    Vp = triton.cdiv(V, 64) * 64
-    z16 = cfg.z16 and dtype != F32
-    z = torch.empty((T, Vp), dtype=torch.float16 if z16 else F32, device=device)[:, :V]
-    same = z.element_size() == torch.empty((), dtype=dtype).element_size()
-    dz = z.view(dtype) if same else torch.empty((T, Vp), dtype=dtype, device=device)[:, :V]
+    agree, else a second buffer)."""
+    Vp, zdtype, separate = _logit_layout(V, dtype, cfg)
+    z = torch.empty((T, Vp), dtype=zdtype, device=device)[:, :V]
+    dz = torch.empty((T, Vp), dtype=dtype, device=device)[:, :V] if separate else z.view(dtype)
     return z, dz
 
 
 def logits_bytes_per_token(V: int, dtype: torch.dtype, cfg: Config) -> int:
     """Bytes one token's row takes in the fast mode's logits and dZ buffers."""
-    Vp = triton.cdiv(V, 64) * 64
-    zb = 2 if cfg.z16 and dtype != F32 else 4
-    eb = torch.empty((), dtype=dtype).element_size()
-    return Vp * (zb if zb == eb else zb + eb)
+    Vp, zdtype, separate = _logit_layout(V, dtype, cfg)
+    return Vp * (zdtype.itemsize + (dtype.itemsize if separate else 0))
 
 
 def holds_logits(T: int, V: int, H: int, dtype: torch.dtype, cfg: Config) -> bool:
