@@ -96,7 +96,7 @@ def _programs(device: torch.device, per_sm: int) -> int:
     return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _dims(x: Tensor, phi: Tensor) -> tuple[int, int, int, int, int, int]:
+def dims(x: Tensor, phi: Tensor) -> tuple[int, int, int, int, int, int]:
     if x.dim() != 4:
         raise ValueError(f"mhc_pre_triton: x must be [B, S, n, D], got shape {tuple(x.shape)}")
     B, S, n, D = x.shape
@@ -109,19 +109,32 @@ def _dims(x: Tensor, phi: Tensor) -> tuple[int, int, int, int, int, int]:
     return B, S, n, D, M, n * D
 
 
+def padded_rows(M: int) -> int:
+    """Rows of h_mix and of the weight parts: M padded to a power of two (at least 16), zeros past M."""
+    return max(16, _p2(M))
+
+
+def weight_parts(phi: Tensor, gamma: Tensor | None, M: int, MP: int) -> Tensor:
+    """phi * gamma as three bf16 parts [3, MP, nD] whose sum is exact (rows past M zero): what the forward's
+    GEMM and the backward's dx read."""
+    nD = phi.shape[1]
+    wparts = torch.empty((3, MP, nD), dtype=torch.bfloat16, device=phi.device)
+    wb = CONFIG["wparts_block"]
+    K._fwd_wparts_kernel[(_cdiv(nD, wb),)](
+        phi, gamma if gamma is not None else phi, wparts, nD, M, *phi.stride(),
+        HAS_GAMMA=gamma is not None, MP=MP, BLOCK=wb)
+    return wparts
+
+
 def mhc_pre_forward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None,
                     norm_eps: float, hc_eps: float, post_mult: float) -> tuple[Tensor, ...]:
     """h_in, h_post, h_res, and for the backward: h_mix [T, MP], inv_rms [T], h_pre [T, n] and the bf16
     parts of phi * gamma [3, MP, nD]."""
-    B, S, n, D, M, nD = _dims(x, phi)
-    T, MP, NP = B * S, max(16, _p2(M)), _p2(n)
+    B, S, n, D, M, nD = dims(x, phi)
+    T, MP, NP = B * S, padded_rows(M), _p2(n)
     cfg, dev = CONFIG, x.device
     f32 = dict(dtype=torch.float32, device=dev)
-    wparts = torch.empty((3, MP, nD), dtype=torch.bfloat16, device=dev)
-    wb = cfg["wparts_block"]
-    K._fwd_wparts_kernel[(_cdiv(nD, wb),)](
-        phi, gamma if gamma is not None else phi, wparts, nD, M, *phi.stride(),
-        HAS_GAMMA=gamma is not None, MP=MP, BLOCK=wb)
+    wparts = weight_parts(phi, gamma, M, MP)
     bt = cfg["gemm_t"]
     warps, nst, bk = gemm_launch(cfg, MP, x.element_size())
     # K tiles: BLOCK_K features of one stream; split-K over them fills the GPU even at small T
@@ -187,8 +200,8 @@ def mhc_pre_backward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma:
                      h_mix: Tensor, inv: Tensor, h_pre: Tensor, wparts: Tensor, g_in: Tensor, g_post: Tensor,
                      g_res: Tensor, post_mult: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """dx (x's dtype and shape, contiguous), dphi, dalpha, dbias, dgamma ([nD], or None)."""
-    B, S, n, D, M, nD = _dims(x, phi)
-    T, MP, NP = B * S, max(16, _p2(M)), _p2(n)
+    B, S, n, D, M, nD = dims(x, phi)
+    T, MP, NP = B * S, padded_rows(M), _p2(n)
     cfg, dev = CONFIG, x.device
     f32 = dict(dtype=torch.float32, device=dev)
     tt = cfg["tok_t"]
@@ -236,7 +249,7 @@ def mhc_pre_backward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma:
     return dx, dphi, dalpha, dbias, dgamma
 
 
-def _operands(phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+def operands(phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
     """alpha, bias, gamma as the kernels index them (dense float32); a clear error otherwise."""
     for name, t in (("phi", phi), ("alpha", alpha), ("bias", bias), ("gamma", gamma)):
         if t is not None and t.dtype != torch.float32:
@@ -253,7 +266,7 @@ def _operands(phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None) ->
 # (reports/bench-mhc_pre.md at 265c9ab).
 def forward_saved(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None = None, *,
                   norm_eps: float = 1e-6, hc_eps: float = 1e-6, post_mult: float = 2.0) -> tuple[dict, tuple]:
-    alpha, bias, gamma = _operands(phi, alpha, bias, gamma)
+    alpha, bias, gamma = operands(phi, alpha, bias, gamma)
     h_in, h_post, h_res, h_mix, inv, h_pre, wparts = mhc_pre_forward(
         x, phi, alpha, bias, gamma, float(norm_eps), float(hc_eps), float(post_mult))
     saved = (x, phi, alpha, bias, gamma, h_mix, inv, h_pre, wparts, float(post_mult))
