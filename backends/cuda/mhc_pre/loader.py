@@ -20,8 +20,9 @@ UNSUPPORTED = -1
 
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
-    "mhc_fwd": [_P, _I32, _I64, _I64, _I32, _I64, _I64, _I64, _I64, _I64, _P, _I32, _P, _P, _F32, _F32, _F32,
+    "mhc_fwd": [_P, _I32, _I64, _I64, _I32, _I64, _I64, _I64, _I64, _I64, _P, _I32, _P, _P, _P, _F32, _F32, _F32,
                 _P, _P, _P, _P, _P, _P, _P, _P],
+    "mhc_wfrag_bytes": [_I32, _I64],
     "mhc_tune": [_I32, _I32, _I32],
     "mhc_error_string": [_I32],
 }
@@ -38,6 +39,7 @@ def lib() -> ctypes.CDLL:
             getattr(so, fn).argtypes = args
             getattr(so, fn).restype = ctypes.c_int
         so.mhc_error_string.restype = ctypes.c_char_p
+        so.mhc_wfrag_bytes.restype = ctypes.c_int64
         _lib = so
     return _lib
 

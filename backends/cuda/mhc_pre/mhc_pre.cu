@@ -190,7 +190,7 @@ struct Args {
   const void* x;
   int64_t T, S, D, sxb, sxs, sxn, sxd;
   int n, M, MP;
-  const __nv_bfloat16* w;  // [3, MP, n*D]
+  const uint2* wf;  // W's MMA fragments (mhc_wfrag_kernel)
   const float* alpha;
   const float* bias;
   float norm_eps, hc_eps, post_mult;
@@ -244,33 +244,43 @@ __device__ void load_tile(const Args& a, T* xs, int64_t t0, int64_t d0, int DS, 
   __syncthreads();
 }
 
-// W's B fragments of one K tile (features f .. f + 15 of W's rows; `left` of them inside the slice):
-// row nt * 8 + g, k pairs 2 * tig and 2 * tig + 8, for each of the three parts
-__device__ __forceinline__ void w_frags(const Args& a, int m, int64_t f, int tig, int left, uint32_t (&b)[3][2]) {
-  const int64_t nD = (int64_t)a.n * a.D;
+// W's B fragments, in the order the MMAs take them: for K tile ft (16 features of one stream: ft = k *
+// ceil(D/16) + d/16), column tile nt and part p, lane (g, tig) holds rows nt*8 + g, k pairs 2*tig and
+// 2*tig + 8 as one uint2, zeros past D: a warp loads 256 contiguous bytes per part (the [3, MP, nD] parts
+// gave 8 rows x 16 bytes per load, half of each sector)
+__global__ void mhc_wfrag_kernel(const __nv_bfloat16* __restrict__ w, int MP, int n, int64_t D, int NT,
+                                 uint2* __restrict__ wf) {
+  const int64_t nd16 = (D + 15) / 16, total = (int64_t)n * nd16 * NT * 3 * 32;
+  const unsigned short* wb = reinterpret_cast<const unsigned short*>(w);
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int lane = (int)(i % 32), p = (int)(i / 32 % 3), nt = (int)(i / 96 % NT);
+    const int64_t ft = i / (96 * NT), k = ft / nd16, d = (ft % nd16) * 16;
+    const int m = nt * 8 + lane / 4, tig = lane % 4;
+    const unsigned short* row = wb + ((int64_t)p * MP + m) * (n * D) + k * D;
+    unsigned e[4];
+    const int k4[4] = {2 * tig, 2 * tig + 1, 8 + 2 * tig, 9 + 2 * tig};
 #pragma unroll
-  for (int p = 0; p < 3; ++p) {
-    const __nv_bfloat16* row = a.w + ((int64_t)p * a.MP + m) * nD + f;
-    if (left >= 16 && (a.D & 1) == 0) {
-      b[p][0] = __ldg(reinterpret_cast<const unsigned*>(row + 2 * tig));
-      b[p][1] = __ldg(reinterpret_cast<const unsigned*>(row + 8 + 2 * tig));
-    } else {  // the last, partial tile of a slice (or odd D: pairs not 4-byte aligned)
-      unsigned e[4];
-      const int k4[4] = {2 * tig, 2 * tig + 1, 8 + 2 * tig, 9 + 2 * tig};
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        e[i] = k4[i] < left ? __ldg(reinterpret_cast<const unsigned short*>(row + k4[i])) : 0u;
-      b[p][0] = e[0] | (e[1] << 16);
-      b[p][1] = e[2] | (e[3] << 16);
-    }
+    for (int q = 0; q < 4; ++q) e[q] = d + k4[q] < D ? row[d + k4[q]] : 0u;
+    wf[i] = make_uint2(e[0] | (e[1] << 16), e[2] | (e[3] << 16));
   }
 }
 
-// acc[mt] += (row tile mt of the K tile at xs_tile) @ B, for the terms a_i w_j with i + j <= 2,
-// smallest first; sq gets the squares of the fragment's elements (rows g and g + 8)
+__device__ __forceinline__ void w_frags(const uint2* __restrict__ wf, int64_t ft, int NT, int nt, uint32_t (&b)[3][2]) {
+  const uint2* at = wf + (ft * NT + nt) * 96 + (threadIdx.x & 31);
+#pragma unroll
+  for (int p = 0; p < 3; ++p) {
+    const uint2 v = __ldg(at + p * 32);
+    b[p][0] = v.x;
+    b[p][1] = v.y;
+  }
+}
+
+// acc[c][mt] += (row tile mt of the K tile at xs_tile) @ B for the terms a_i w_j with i + j = 2 - c (the
+// chain of each class apart: a small term never rounds against a large partial sum); sq gets the
+// squares of the fragment's elements (rows g and g + 8)
 template <typename T, int MT>
 __device__ __forceinline__ void tile_mma(const T* xs_tile, int TS, int mt_used, const uint32_t (&b)[3][2],
-                                         float (&acc)[MT][4], float (&sq)[MT][2], bool squares) {
+                                         float (&acc)[3][MT][4], float (&sq)[MT][2], bool squares) {
   constexpr int XP = Ty<T>::PARTS;
   const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
 #pragma unroll
@@ -291,46 +301,49 @@ __device__ __forceinline__ void tile_mma(const T* xs_tile, int TS, int mt_used, 
     for (int i = 0; i < 3; ++i)
 #pragma unroll
       for (int r = 0; r < 4; ++r) A[i][r] = ap[r][i];
-    if (XP >= 3) mma(acc[mt], A[2], b[0][0], b[0][1]);
-    if (XP >= 2) mma(acc[mt], A[1], b[1][0], b[1][1]);
-    mma(acc[mt], A[0], b[2][0], b[2][1]);
-    if (XP >= 2) mma(acc[mt], A[1], b[0][0], b[0][1]);
-    mma(acc[mt], A[0], b[1][0], b[1][1]);
-    mma(acc[mt], A[0], b[0][0], b[0][1]);
+    if (XP >= 3) mma(acc[0][mt], A[2], b[0][0], b[0][1]);
+    if (XP >= 2) mma(acc[0][mt], A[1], b[1][0], b[1][1]);
+    mma(acc[0][mt], A[0], b[2][0], b[2][1]);
+    if (XP >= 2) mma(acc[1][mt], A[1], b[0][0], b[0][1]);
+    mma(acc[1][mt], A[0], b[1][0], b[1][1]);
+    mma(acc[2][mt], A[0], b[0][0], b[0][1]);
   }
 }
 
 // 2. this warp's share of the K tiles against column tile wn: one chain of MMAs per kChain K tiles
 // (W's fragments of the whole chain loaded first: kChain L2 round trips in flight, not one after
 // another), chains added with rounding float32 adds
-template <typename T, int MT>
+template <typename T, int MT, int G>
 __device__ void warp_gemm(const Args& a, const T* xs, int TS, int DS, int64_t d0, int valid, int wn, int ks, int KS,
                           int mt_used, float (&acc)[MT][4], float (&sq)[MT][2]) {
   // (no early exits below: every lane of the warp takes part in the MMAs and shuffles)
-  const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
-  const int nj = (valid + 15) / 16, units = nj * a.n;
+  const int nj = (valid + 15) / 16, units = nj * a.n, NT = (a.M + 7) / 8;
+  const int64_t nd16 = (a.D + 15) / 16, f0 = d0 / 16;
   const int u_lo = units * ks / KS, u_hi = units * (ks + 1) / KS;
   for (int u = u_lo; u < u_hi; u += kChain) {
-    uint32_t b[kChain][3][2];
+    float ch[3][MT][4] = {};
+    // W's fragments G K tiles at a time (G round trips to L2 in flight; G < kChain where registers are short)
+    for (int v = u; v < u + kChain && v < u_hi; v += G) {
+      uint32_t b[G][3][2];
 #pragma unroll
-    for (int i = 0; i < kChain; ++i) {
-      if (u + i < u_hi) {
-        const int k = (u + i) / nj, j = u + i - k * nj;
-        w_frags(a, wn * 8 + g, (int64_t)k * a.D + d0 + j * 16, tig, valid - j * 16, b[i]);
+      for (int i = 0; i < G; ++i) {
+        if (v + i < u_hi) {
+          const int k = (v + i) / nj, j = v + i - k * nj;
+          w_frags(a.wf, k * nd16 + f0 + j, NT, wn, b[i]);
+        }
       }
-    }
-    float ch[MT][4] = {};
 #pragma unroll
-    for (int i = 0; i < kChain; ++i) {
-      if (u + i < u_hi) {
-        const int k = (u + i) / nj, j = u + i - k * nj;
-        tile_mma<T, MT>(xs + k * DS + j * 16, TS, mt_used, b[i], ch, sq, wn == 0);
+      for (int i = 0; i < G; ++i) {
+        if (v + i < u_hi) {
+          const int k = (v + i) / nj, j = v + i - k * nj;
+          tile_mma<T, MT>(xs + k * DS + j * 16, TS, mt_used, b[i], ch, sq, wn == 0);
+        }
       }
     }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[mt][i] += ch[mt][i];
+      for (int i = 0; i < 4; ++i) acc[mt][i] += (ch[0][mt][i] + ch[1][mt][i]) + ch[2][mt][i];
   }
   // the rows' squares: the quad's four lanes hold different columns of the same rows
 #pragma unroll
@@ -344,7 +357,7 @@ __device__ void warp_gemm(const Args& a, const T* xs, int TS, int DS, int64_t d0
 
 // this block's partial rows -> mine[t * MC + col] (the squares in column nt * 8): each column tile's K
 // shares, parked per job, added in share order
-template <typename T>
+template <typename T, int G>
 __device__ void block_partials(const Args& a, const T* xs, int TS, int DS, int64_t d0, int valid, int mt_used,
                                Jobs J, float* part, float* sqp, float* mine) {
   constexpr int MT = 2;
@@ -352,7 +365,7 @@ __device__ void block_partials(const Args& a, const T* xs, int TS, int DS, int64
   for (int job = warp; job < J.count(); job += kWarps) {
     const int wn = job % J.nt, ks = job / J.nt;
     float acc[MT][4] = {}, sq[MT][2] = {};
-    warp_gemm<T, MT>(a, xs, TS, DS, d0, valid, wn, ks, J.ks, mt_used, acc, sq);
+    warp_gemm<T, MT, G>(a, xs, TS, DS, d0, valid, wn, ks, J.ks, mt_used, acc, sq);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
       *reinterpret_cast<float4*>(part + ((job * MT + mt) * 32 + lane) * 4) =
@@ -382,8 +395,9 @@ __device__ void block_partials(const Args& a, const T* xs, int TS, int DS, int64
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kWarps * 32, Ty<T>::PARTS == 1 ? 3 : 2)
+// MINB: blocks per SM the registers must allow (3 where the shared memory lets 3 blocks in)
+template <typename T, int MINB>
+__global__ void __launch_bounds__(kWarps * 32, MINB)
 mhc_fwd_cluster_kernel(Args a, int DS, int mt_used) {
   const Jobs J(a.M);
   const int MC = J.mc();
@@ -402,7 +416,7 @@ mhc_fwd_cluster_kernel(Args a, int DS, int mt_used) {
   const int valid = a.D - d0 < DS ? (int)(a.D - d0) : DS;  // features of each stream in this slice
   load_tile<T>(a, xs, t0, d0, DS, valid, BT, TS);
 
-  block_partials<T>(a, xs, TS, DS, d0, valid, mt_used, J, reinterpret_cast<float*>(smem + L.part),
+  block_partials<T, MINB == 3 ? kChain / 2 : kChain>(a, xs, TS, DS, d0, valid, mt_used, J, reinterpret_cast<float*>(smem + L.part),
                     reinterpret_cast<float*>(smem + L.sq), mine);
 
   // 3. the cluster's sums, in rank order: pre columns and squares of every token
@@ -488,7 +502,8 @@ cudaError_t launch(Args a, cudaStream_t st, Plan* used) {
   if (!p.ok) return (cudaError_t)kUnsupported;
   const int64_t nb = (a.T + 16 * p.mt - 1) / (16 * p.mt);
   if (nb > 65535) return (cudaError_t)kUnsupported;
-  auto kern = mhc_fwd_cluster_kernel<T>;
+  // 1 KB of each block's shared memory is the system's; 228 KB per SM
+  auto kern = 3 * (p.smem + 1024) <= 228 * 1024 ? mhc_fwd_cluster_kernel<T, 3> : mhc_fwd_cluster_kernel<T, 2>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p.smem);
   if (e != cudaSuccess) return e;
   if (p.C > 8) {
@@ -517,12 +532,13 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 extern "C" {
 
-// The forward. x: [B, S, n, D] with element strides sx*; w: phi * gamma as bf16 parts [3, MP, n*D];
+// The forward. x: [B, S, n, D] with element strides sx*; w: phi * gamma as bf16 parts [3, MP, n*D]; wf:
+// scratch of mhc_wfrag_bytes(n, D) bytes for W's MMA fragments;
 // outputs as in specs/mhc_pre.md plus h_mix [T, MP], inv_rms [T], h_pre [T, n] (dense float32), h_in
 // [T, D] dense in x's dtype. plan_out (may be NULL): C, DS, tokens per block, threads, shared memory.
 // Returns 0, a cudaError_t, or -1 where the shape does not fit a cluster's shared memory.
 int mhc_fwd(const void* x, int dtype, int64_t B, int64_t S, int n, int64_t D, int64_t sxb, int64_t sxs,
-            int64_t sxn, int64_t sxd, const void* w, int MP, const float* alpha, const float* bias, float norm_eps,
+            int64_t sxn, int64_t sxd, const void* w, int MP, void* wf, const float* alpha, const float* bias, float norm_eps,
             float hc_eps, float post_mult, void* h_in, float* h_post, float* h_res, float* h_mix, float* inv,
             float* h_pre, int64_t* plan_out, void* stream) {
   Args a{};
@@ -537,7 +553,7 @@ int mhc_fwd(const void* x, int dtype, int64_t B, int64_t S, int n, int64_t D, in
   a.n = n;
   a.M = n * n + 2 * n;
   a.MP = MP;
-  a.w = static_cast<const __nv_bfloat16*>(w);
+  a.wf = static_cast<const uint2*>(wf);
   a.alpha = alpha;
   a.bias = bias;
   a.norm_eps = norm_eps;
@@ -556,6 +572,12 @@ int mhc_fwd(const void* x, int dtype, int64_t B, int64_t S, int n, int64_t D, in
   a.vec_x = sxd == 1 && D % V == 0 && strides_vec && aligned16(x);
   a.vec_out = D % V == 0 && aligned16(h_in);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const int NT = (a.M + 7) / 8;
+  const int64_t frags = (int64_t)n * ((D + 15) / 16) * NT * 96;
+  mhc_wfrag_kernel<<<(unsigned)((frags + 255) / 256 < 4096 ? (frags + 255) / 256 : 4096), 256, 0, st>>>(
+      static_cast<const __nv_bfloat16*>(w), MP, n, D, NT, static_cast<uint2*>(wf));
+  cudaError_t le = cudaGetLastError();
+  if (le != cudaSuccess) return (int)le;
   Plan p;
   cudaError_t e;
   switch (dtype) {
@@ -572,6 +594,11 @@ int mhc_fwd(const void* x, int dtype, int64_t B, int64_t S, int n, int64_t D, in
     plan_out[4] = (int64_t)p.smem;
   }
   return (int)e;
+}
+
+// Bytes of the scratch for W's MMA fragments (mhc_fwd's wf).
+int64_t mhc_wfrag_bytes(int n, int64_t D) {
+  return (int64_t)n * ((D + 15) / 16) * ((n * n + 2 * n + 7) / 8) * 96 * (int64_t)sizeof(uint2);
 }
 
 // Knobs for A/B measurements (<= 0 keeps a setting): the shared memory per block to aim for, the

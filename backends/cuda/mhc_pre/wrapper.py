@@ -43,10 +43,14 @@ def cluster_forward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: 
     h_mix = torch.empty((T, MP), **f32)
     inv = torch.empty((T,), **f32)
     h_pre = torch.empty((T, n), **f32)
+    lib = loader.lib()
+    # W's fragments in the order the MMAs read them (a kernel of mhc_fwd writes them)
+    wfrag = torch.empty((lib.mhc_wfrag_bytes(n, D),), dtype=torch.uint8, device=dev)
     plan = (ctypes.c_int64 * 5)()
     with torch.cuda.device(dev):
-        rc = loader.lib().mhc_fwd(
+        rc = lib.mhc_fwd(
             x.data_ptr(), loader.DTYPE_CODES[_DTYPES[x.dtype]], B, S, n, D, *x.stride(), wparts.data_ptr(), MP,
+            wfrag.data_ptr(),
             alpha.data_ptr(), bias.data_ptr(), norm_eps, hc_eps, post_mult, h_in.data_ptr(), h_post.data_ptr(),
             h_res.data_ptr(), h_mix.data_ptr(), inv.data_ptr(), h_pre.data_ptr(), plan, _stream(dev))
     if rc == loader.UNSUPPORTED:
