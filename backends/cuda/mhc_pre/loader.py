@@ -23,7 +23,7 @@ _SIGNATURES = {
     "mhc_fwd": [_P, _I32, _I64, _I64, _I32, _I64, _I64, _I64, _I64, _I64, _P, _I32, _P, _P, _P, _F32, _F32, _F32,
                 _P, _P, _P, _P, _P, _P, _P, _P],
     "mhc_wfrag_bytes": [_I32, _I64],
-    "mhc_tune": [_I32, _I32, _I32],
+    "mhc_tune": [_I32, _I32, _I32, _I32],
     "mhc_error_string": [_I32],
 }
 

@@ -36,7 +36,6 @@ namespace cg = cooperative_groups;
 
 constexpr int kUnsupported = -1;  // the shape does not fit the cluster's shared memory
 constexpr int kChain = 8;         // K tiles (16 features) per MMA chain: 128 features, as in Triton
-constexpr int kMaxCluster = 16;   // non-portable on sm_90 (the portable limit is 8)
 constexpr int kSmemLimit = 227 * 1024;
 
 enum : int { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
@@ -119,6 +118,21 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 
 __device__ __forceinline__ float sigmoid(float z) { return 1.f / (1.f + expf(-z)); }
 
+constexpr int kMaxCluster = 16;  // non-portable on sm_90 (the portable limit is 8)
+
+// sum over the cluster's blocks q = 0 .. C-1 of their value at `p` (a shared-memory address), in rank
+// order: every remote load in flight before the first add (one DSMEM round trip, not C)
+__device__ __forceinline__ float cluster_sum(const cg::cluster_group& cluster, const float* p, int C) {
+  float v[kMaxCluster];
+#pragma unroll
+  for (int q = 0; q < kMaxCluster; ++q) v[q] = q < C ? *cluster.map_shared_rank(p, q) : 0.f;
+  float s = 0.f;
+#pragma unroll
+  for (int q = 0; q < kMaxCluster; ++q)
+    if (q < C) s += v[q];
+  return s;
+}
+
 // ---- the launch plan: cluster size, feature slice, tokens per block -------------------------------
 
 struct Plan {
@@ -129,6 +143,11 @@ struct Plan {
   size_t smem = 0;
   bool ok = false;
 };
+
+// phases left out, for A/B measurements of where the time goes (mhc_tune): the MMAs, the cluster's
+// meeting (each block keeps its own partial sums), the h_in mix. Results are wrong with any of them.
+enum : int { kSkipGemm = 1, kSkipMeet = 2, kSkipMix = 4 };
+int g_skip = 0;
 
 int g_budget = 74 * 1024;  // shared memory per block to aim for: 3 blocks per SM
 int g_cmax = kMaxCluster;
@@ -151,9 +170,10 @@ __host__ __device__ inline int64_t token_stride(int n, int64_t DS, int es) { ret
 __host__ __device__ inline size_t up16(size_t v) { return (v + 15) / 16 * 16; }
 
 // shared memory, in bytes from the start: the tile, each job's sums [job][2][32 lanes][4], the column
-// tile 0 jobs' squares [ks][2][16], the block's partial rows, the cluster's sums, h_pre and inv_rms
+// tile 0 jobs' squares [ks][2][16], the block's partial rows, the cluster's sums, h_pre and inv_rms,
+// x's offsets of the tile's tokens
 struct Layout {
-  size_t part, sq, mine, hsum, rows, total;
+  size_t part, sq, mine, hsum, rows, tok, total;
   __host__ __device__ Layout(int n, int64_t DS, int es, int mt, Jobs J) {
     const int BT = 16 * mt;
     part = up16((size_t)BT * token_stride(n, DS, es) * es);
@@ -161,7 +181,8 @@ struct Layout {
     mine = up16(sq + (size_t)J.ks * 2 * 16 * 4);
     hsum = up16(mine + (size_t)BT * J.mc() * 4);
     rows = up16(hsum + (size_t)BT * (n + 1) * 4);
-    total = up16(rows + (size_t)BT * (n + 1) * 4);
+    tok = up16(rows + (size_t)BT * (n + 1) * 4);
+    total = up16(tok + (size_t)BT * 8);
   }
 };
 
@@ -204,41 +225,37 @@ struct Args {
   int vec_out;  // h_in stores as 16-byte vectors
 };
 
-// x's offset of token tt (B x S tokens, any strides)
-__device__ __forceinline__ int64_t token_offset(const Args& a, int64_t tt) {
-  const int64_t b = tt / a.S;
-  return b * a.sxb + (tt - b * a.S) * a.sxs;
-}
-
 // 1. the tile: tokens [t0, t0 + BT) x n streams x features [d0, d0 + valid) at xs[t * TS + k * DS + c];
-// zeros in the rows past T and, in the last K tile, past `valid` (the MMAs read whole 16-feature tiles)
+// zeros in the rows past T and, in the last K tile, past `valid` (the MMAs read whole 16-feature tiles).
+// A warp copies one (token, stream) row at a time, its lanes along the features: index arithmetic once
+// per row (token offsets once per token: a 64-bit division each), not per element.
 template <typename T>
-__device__ void load_tile(const Args& a, T* xs, int64_t t0, int64_t d0, int DS, int valid, int BT, int TS) {
+__device__ void load_tile(const Args& a, T* xs, int64_t* tok, int64_t t0, int64_t d0, int DS, int valid, int BT,
+                          int TS) {
   constexpr int V = Ty<T>::VEC;
   const T* x = static_cast<const T*>(a.x);
-  const int n = a.n, span = (valid + 15) / 16 * 16, tid = threadIdx.x, nth = blockDim.x;
-  const int rows = a.T - t0 < BT ? (int)(a.T - t0) : BT;
-  if (a.vec_x) {
-    const int nv = valid / V;
-    for (int i = tid; i < rows * n * nv; i += nth) {
-      const int c = i % nv, r = i / nv, k = r % n, t = r / n;
-      cp_async16(xs + t * TS + k * DS + c * V, x + token_offset(a, t0 + t) + k * a.sxn + d0 + c * V);
-    }
-  } else {
-    for (int i = tid; i < rows * n * valid; i += nth) {
-      const int c = i % valid, r = i / valid, k = r % n, t = r / n;
-      xs[t * TS + k * DS + c] = x[token_offset(a, t0 + t) + k * a.sxn + (d0 + c) * a.sxd];
-    }
+  const int n = a.n, span = (valid + 15) / 16 * 16, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int nw = blockDim.x >> 5, rows = a.T - t0 < BT ? (int)(a.T - t0) : BT;
+  for (int t = threadIdx.x; t < rows; t += blockDim.x) {
+    const int64_t tt = t0 + t, b = tt / a.S;
+    tok[t] = b * a.sxb + (tt - b * a.S) * a.sxs;
   }
+  __syncthreads();
   const T zero = Ty<T>::from(0.f);
-  if (span > valid)
-    for (int i = tid; i < rows * n * (span - valid); i += nth) {
-      const int c = valid + i % (span - valid), r = i / (span - valid);
-      xs[(r / n) * TS + (r % n) * DS + c] = zero;
+  for (int r = warp; r < BT * n; r += nw) {
+    const int t = r / n, k = r - (r / n) * n;
+    T* dst = xs + t * TS + k * DS;
+    if (t >= rows) {
+      for (int c = lane; c < span; c += 32) dst[c] = zero;
+      continue;
     }
-  for (int i = tid; i < (BT - rows) * n * span; i += nth) {
-    const int c = i % span, r = i / span;
-    xs[(rows + r / n) * TS + (r % n) * DS + c] = zero;
+    const T* src = x + tok[t] + k * a.sxn;
+    if (a.vec_x) {
+      for (int c = lane * V; c < valid; c += 32 * V) cp_async16(dst + c, src + d0 + c);
+    } else {
+      for (int c = lane; c < valid; c += 32) dst[c] = src[(d0 + c) * a.sxd];
+    }
+    for (int c = valid + lane; c < span; c += 32) dst[c] = zero;
   }
   if (a.vec_x) asm volatile("cp.async.wait_all;" ::: "memory");
   __syncthreads();
@@ -398,7 +415,7 @@ __device__ void block_partials(const Args& a, const T* xs, int TS, int DS, int64
 // MINB: blocks per SM the registers must allow (3 where the shared memory lets 3 blocks in)
 template <typename T, int MINB>
 __global__ void __launch_bounds__(kWarps * 32, MINB)
-mhc_fwd_cluster_kernel(Args a, int DS, int mt_used) {
+mhc_fwd_cluster_kernel(Args a, int DS, int mt_used, int skip) {
   const Jobs J(a.M);
   const int MC = J.mc();
   extern __shared__ __align__(16) unsigned char smem[];
@@ -414,9 +431,9 @@ mhc_fwd_cluster_kernel(Args a, int DS, int mt_used) {
 
   const int64_t t0 = (int64_t)blockIdx.y * BT, d0 = (int64_t)rank * DS;
   const int valid = a.D - d0 < DS ? (int)(a.D - d0) : DS;  // features of each stream in this slice
-  load_tile<T>(a, xs, t0, d0, DS, valid, BT, TS);
+  load_tile<T>(a, xs, reinterpret_cast<int64_t*>(smem + L.tok), t0, d0, DS, valid, BT, TS);
 
-  block_partials<T, MINB == 3 ? kChain / 2 : kChain>(a, xs, TS, DS, d0, valid, mt_used, J, reinterpret_cast<float*>(smem + L.part),
+  if (!(skip & kSkipGemm)) block_partials<T, MINB == 3 ? kChain / 2 : kChain>(a, xs, TS, DS, d0, valid, mt_used, J, reinterpret_cast<float*>(smem + L.part),
                     reinterpret_cast<float*>(smem + L.sq), mine);
 
   // 3. the cluster's sums, in rank order: pre columns and squares of every token
@@ -424,9 +441,7 @@ mhc_fwd_cluster_kernel(Args a, int DS, int mt_used) {
   for (int i = tid; i < BT * (n + 1); i += nth) {
     const int t = i / (n + 1), j = i % (n + 1);
     const int col = j < n ? j : J.nt * 8;
-    float s = 0.f;
-    for (int q = 0; q < C; ++q) s += *cluster.map_shared_rank(mine + t * MC + col, q);
-    hsum[i] = s;
+    hsum[i] = skip & kSkipMeet ? mine[t * MC + col] : cluster_sum(cluster, mine + t * MC + col, C);
   }
   __syncthreads();
   const float nDf = (float)((int64_t)n * a.D);
@@ -443,9 +458,7 @@ mhc_fwd_cluster_kernel(Args a, int DS, int mt_used) {
     const int t = rank + (i / a.MP) * C, m = i % a.MP;
     const int64_t tt = t0 + t;
     if (tt >= a.T) continue;
-    float hm = 0.f;
-    if (m < a.M)
-      for (int q = 0; q < C; ++q) hm += *cluster.map_shared_rank(mine + t * MC + m, q);
+    const float hm = m >= a.M ? 0.f : skip & kSkipMeet ? mine[t * MC + m] : cluster_sum(cluster, mine + t * MC + m, C);
     a.h_mix[tt * a.MP + m] = hm;
     if (m >= a.M) continue;
     const float inv = rows[t * (n + 1) + n];
@@ -465,31 +478,33 @@ mhc_fwd_cluster_kernel(Args a, int DS, int mt_used) {
   // 4. h_in = sum_k h_pre_k x_k over this slice
   T* out = static_cast<T*>(a.h_in);
   const int live = a.T - t0 < BT ? (int)(a.T - t0) : BT;
-  if (a.vec_out) {
-    constexpr int V = Ty<T>::VEC;
-    const int nv = valid / V;
-    for (int i = tid; i < live * nv; i += nth) {
-      const int t = i / nv, c = (i - t * nv) * V;
-      float o[V] = {};
-      for (int k = 0; k < n; ++k) {
-        const float h = rows[t * (n + 1) + k];
-        const uint4 raw = *reinterpret_cast<const uint4*>(xs + t * TS + k * DS + c);
-        const T* e = reinterpret_cast<const T*>(&raw);
+  const int warp = tid >> 5, lane = tid & 31;
+  for (int t = warp; t < (skip & kSkipMix ? 0 : live); t += nth >> 5) {
+    const float* hp = rows + t * (n + 1);
+    const T* xt = xs + t * TS;
+    T* ot = out + (t0 + t) * a.D + d0;
+    if (a.vec_out) {
+      constexpr int V = Ty<T>::VEC;
+      for (int c = lane * V; c < valid; c += 32 * V) {
+        float o[V] = {};
+        for (int k = 0; k < n; ++k) {
+          const uint4 raw = *reinterpret_cast<const uint4*>(xt + k * DS + c);
+          const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-        for (int q = 0; q < V; ++q) o[q] += h * Ty<T>::f(e[q]);
+          for (int q = 0; q < V; ++q) o[q] += hp[k] * Ty<T>::f(e[q]);
+        }
+        uint4 packed;
+        T* pe = reinterpret_cast<T*>(&packed);
+#pragma unroll
+        for (int q = 0; q < V; ++q) pe[q] = Ty<T>::from(o[q]);
+        *reinterpret_cast<uint4*>(ot + c) = packed;
       }
-      uint4 packed;
-      T* pe = reinterpret_cast<T*>(&packed);
-#pragma unroll
-      for (int q = 0; q < V; ++q) pe[q] = Ty<T>::from(o[q]);
-      *reinterpret_cast<uint4*>(out + (t0 + t) * a.D + d0 + c) = packed;
-    }
-  } else {
-    for (int i = tid; i < live * valid; i += nth) {
-      const int t = i / valid, c = i - t * valid;
-      float o = 0.f;
-      for (int k = 0; k < n; ++k) o += rows[t * (n + 1) + k] * Ty<T>::f(xs[t * TS + k * DS + c]);
-      out[(t0 + t) * a.D + d0 + c] = Ty<T>::from(o);
+    } else {
+      for (int c = lane; c < valid; c += 32) {
+        float o = 0.f;
+        for (int k = 0; k < n; ++k) o += hp[k] * Ty<T>::f(xt[k * DS + c]);
+        ot[c] = Ty<T>::from(o);
+      }
     }
   }
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -522,7 +537,7 @@ cudaError_t launch(Args a, cudaStream_t st, Plan* used) {
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  e = cudaLaunchKernelEx(&cfg, kern, a, (int)p.DS, p.mt);
+  e = cudaLaunchKernelEx(&cfg, kern, a, (int)p.DS, p.mt, g_skip);
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 
@@ -601,13 +616,15 @@ int64_t mhc_wfrag_bytes(int n, int64_t D) {
   return (int64_t)n * ((D + 15) / 16) * ((n * n + 2 * n + 7) / 8) * 96 * (int64_t)sizeof(uint2);
 }
 
-// Knobs for A/B measurements (<= 0 keeps a setting): the shared memory per block to aim for, the
-// largest cluster, 16-token row tiles per block (1 or 2). Returns the budget before the call.
-int mhc_tune(int budget, int cmax, int mt) {
+// Knobs for A/B measurements (< 0 keeps a setting, 0 restores the default): the shared memory per block
+// to aim for, the largest cluster, 16-token row tiles per block (1 or 2), phases to leave out (kSkip*
+// bits: wrong results). Returns the budget before the call.
+int mhc_tune(int budget, int cmax, int mt, int skip) {
   const int old = g_budget;
-  if (budget > 0) g_budget = budget;
-  if (cmax > 0) g_cmax = cmax < kMaxCluster ? cmax : kMaxCluster;
-  if (mt > 0) g_mt = mt < 2 ? mt : 2;
+  if (budget >= 0) g_budget = budget ? budget : 74 * 1024;
+  if (cmax >= 0) g_cmax = cmax && cmax < kMaxCluster ? cmax : kMaxCluster;
+  if (mt >= 0) g_mt = mt == 1 ? 1 : 2;
+  if (skip >= 0) g_skip = skip;
   return old;
 }
 
