@@ -282,33 +282,47 @@ __global__ void mhc_wfrag_kernel(const __nv_bfloat16* __restrict__ w, int MP, in
   }
 }
 
-__device__ __forceinline__ void w_frags(const uint2* __restrict__ wf, int64_t ft, int NT, int nt, uint32_t (&b)[3][2]) {
-  const uint2* at = wf + (ft * NT + nt) * 96 + (threadIdx.x & 31);
+// The A fragment (rows g, g + 8 of a 16-token row tile; columns 2*tig (+1) and 2*tig + 8 (+1) of a K tile
+// at `tile`) as bf16 parts, and its elements as floats (for the squares). bf16: one ldmatrix, the data is
+// its own single part.
+template <typename T>
+__device__ __forceinline__ void a_frag(const T* tile, int TS, uint32_t (&ap)[4][3], float (&v)[4][2]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+  const T* base = tile + g * TS + 2 * tig;
+  const T* at[4] = {base, base + 8 * TS, base + 8, base + 8 * TS + 8};
 #pragma unroll
-  for (int p = 0; p < 3; ++p) {
-    const uint2 v = __ldg(at + p * 32);
-    b[p][0] = v.x;
-    b[p][1] = v.y;
+  for (int r = 0; r < 4; ++r) Ty<T>::pair(at[r], v[r][0], v[r][1], ap[r]);
+}
+
+template <>
+__device__ __forceinline__ void a_frag<__nv_bfloat16>(const __nv_bfloat16* tile, int TS, uint32_t (&ap)[4][3],
+                                                      float (&v)[4][2]) {
+  const int lane = threadIdx.x & 31;
+  // lane l addresses row l % 16, columns (l / 16) * 8 .. +7: matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15)
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(tile + (lane & 15) * TS + (lane >> 4) * 8));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(ap[0][0]), "=r"(ap[1][0]), "=r"(ap[2][0]), "=r"(ap[3][0])
+               : "r"(addr));
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    v[r][0] = __uint_as_float(ap[r][0] << 16);
+    v[r][1] = __uint_as_float(ap[r][0] & 0xffff0000u);
   }
 }
 
-// acc[c][mt] += (row tile mt of the K tile at xs_tile) @ B for the terms a_i w_j with i + j = 2 - c (the
-// chain of each class apart: a small term never rounds against a large partial sum); sq gets the
-// squares of the fragment's elements (rows g and g + 8)
+// acc[c][mt] += (row tile mt of the K tile at xs_tile) @ B: class 0 the terms a_i w_j with i + j >= 1,
+// class 1 a_0 w_0 (apart, so that the small terms never round against the large partial sums); sq gets
+// the squares of the fragment's elements (rows g and g + 8)
 template <typename T, int MT>
 __device__ __forceinline__ void tile_mma(const T* xs_tile, int TS, int mt_used, const uint32_t (&b)[3][2],
-                                         float (&acc)[3][MT][4], float (&sq)[MT][2], bool squares) {
+                                         float (&acc)[2][MT][4], float (&sq)[MT][2], bool squares) {
   constexpr int XP = Ty<T>::PARTS;
-  const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     if (mt >= mt_used) break;
-    const T* base = xs_tile + (mt * 16 + g) * TS + 2 * tig;
-    const T* at[4] = {base, base + 8 * TS, base + 8, base + 8 * TS + 8};
     uint32_t ap[4][3];
     float v[4][2];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) Ty<T>::pair(at[r], v[r][0], v[r][1], ap[r]);
+    a_frag<T>(xs_tile + mt * 16 * TS, TS, ap, v);
     if (squares) {
       sq[mt][0] += v[0][0] * v[0][0] + v[0][1] * v[0][1] + v[2][0] * v[2][0] + v[2][1] * v[2][1];
       sq[mt][1] += v[1][0] * v[1][0] + v[1][1] * v[1][1] + v[3][0] * v[3][0] + v[3][1] * v[3][1];
@@ -318,49 +332,60 @@ __device__ __forceinline__ void tile_mma(const T* xs_tile, int TS, int mt_used, 
     for (int i = 0; i < 3; ++i)
 #pragma unroll
       for (int r = 0; r < 4; ++r) A[i][r] = ap[r][i];
+    // smallest first within class 0
     if (XP >= 3) mma(acc[0][mt], A[2], b[0][0], b[0][1]);
     if (XP >= 2) mma(acc[0][mt], A[1], b[1][0], b[1][1]);
     mma(acc[0][mt], A[0], b[2][0], b[2][1]);
-    if (XP >= 2) mma(acc[1][mt], A[1], b[0][0], b[0][1]);
-    mma(acc[1][mt], A[0], b[1][0], b[1][1]);
-    mma(acc[2][mt], A[0], b[0][0], b[0][1]);
+    if (XP >= 2) mma(acc[0][mt], A[1], b[0][0], b[0][1]);
+    mma(acc[0][mt], A[0], b[1][0], b[1][1]);
+    mma(acc[1][mt], A[0], b[0][0], b[0][1]);
   }
 }
 
-// 2. this warp's share of the K tiles against column tile wn: one chain of MMAs per kChain K tiles
-// (W's fragments of the whole chain loaded first: kChain L2 round trips in flight, not one after
-// another), chains added with rounding float32 adds
+// 2. this warp's share of the K tiles against column tile wn: one chain of MMAs per kChain K tiles, the
+// chains added with rounding float32 adds. W's fragments G K tiles at a time (G round trips to L2 in
+// flight; G < kChain where registers are short). K tile u is stream k = u / nj, tile j = u % nj of the
+// slice; (k, j) step along without divisions.
 template <typename T, int MT, int G>
 __device__ void warp_gemm(const Args& a, const T* xs, int TS, int DS, int64_t d0, int valid, int wn, int ks, int KS,
                           int mt_used, float (&acc)[MT][4], float (&sq)[MT][2]) {
   // (no early exits below: every lane of the warp takes part in the MMAs and shuffles)
   const int nj = (valid + 15) / 16, units = nj * a.n, NT = (a.M + 7) / 8;
-  const int64_t nd16 = (a.D + 15) / 16, f0 = d0 / 16;
+  const int nd16 = (int)((a.D + 15) / 16), f0 = (int)(d0 / 16);
   const int u_lo = units * ks / KS, u_hi = units * (ks + 1) / KS;
+  const uint2* wbase = a.wf + wn * 96 + (threadIdx.x & 31);
+  const bool squares = wn == 0;
+  int k = u_lo / nj, j = u_lo - k * nj;
   for (int u = u_lo; u < u_hi; u += kChain) {
-    float ch[3][MT][4] = {};
-    // W's fragments G K tiles at a time (G round trips to L2 in flight; G < kChain where registers are short)
+    float ch[2][MT][4] = {};
     for (int v = u; v < u + kChain && v < u_hi; v += G) {
       uint32_t b[G][3][2];
+      int xo[G];  // the K tiles' offsets in the tile (32-bit: fewer registers than pointers)
 #pragma unroll
       for (int i = 0; i < G; ++i) {
         if (v + i < u_hi) {
-          const int k = (v + i) / nj, j = v + i - k * nj;
-          w_frags(a.wf, k * nd16 + f0 + j, NT, wn, b[i]);
+          const uint2* w = wbase + (k * nd16 + f0 + j) * NT * 96;
+#pragma unroll
+          for (int p = 0; p < 3; ++p) {
+            const uint2 q = __ldg(w + p * 32);
+            b[i][p][0] = q.x;
+            b[i][p][1] = q.y;
+          }
+          xo[i] = k * DS + j * 16;
+          if (++j == nj) {
+            j = 0;
+            ++k;
+          }
         }
       }
 #pragma unroll
-      for (int i = 0; i < G; ++i) {
-        if (v + i < u_hi) {
-          const int k = (v + i) / nj, j = v + i - k * nj;
-          tile_mma<T, MT>(xs + k * DS + j * 16, TS, mt_used, b[i], ch, sq, wn == 0);
-        }
-      }
+      for (int i = 0; i < G; ++i)
+        if (v + i < u_hi) tile_mma<T, MT>(xs + xo[i], TS, mt_used, b[i], ch, sq, squares);
     }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[mt][i] += (ch[0][mt][i] + ch[1][mt][i]) + ch[2][mt][i];
+      for (int i = 0; i < 4; ++i) acc[mt][i] += ch[0][mt][i] + ch[1][mt][i];
   }
   // the rows' squares: the quad's four lanes hold different columns of the same rows
 #pragma unroll
