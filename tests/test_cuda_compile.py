@@ -25,6 +25,13 @@ def test_softmax_xent_compiles_sm90() -> None:
     cuda_build.compile_only(_xent_sources(), arch="sm_90")
 
 
+def test_mhc_pre_compiles_sm90() -> None:
+    from harness.backends.cuda.mhc_pre import loader
+
+    assert all(p.is_file() and p.suffix == ".cu" for p in loader.CU_SOURCES)
+    cuda_build.compile_only(loader.CU_SOURCES, arch="sm_90")
+
+
 def test_compile_error_is_reported(tmp_path) -> None:
     bad = tmp_path / "bad.cu"
     bad.write_text("__global__ void k(float* x) { x[0] = undefined_name; }\n")

@@ -14,15 +14,31 @@
 //      x's strides or D do not allow vectors), zeros past T and past D;
 //   2. partial h_mix = tile @ W^T and the sum of squares: bf16 MMAs (m16n8k16) on exact parts, as the
 //      Triton kernels do (W = phi * gamma as three bf16 parts, x in 1/2/3 parts for bf16/fp16/fp32;
-//      the products a_i w_j with i + j <= 2 in float32, every chain one 128-feature tile long, added
-//      with rounding adds). Warp (nt, ks) owns MMA column tile nt and the ks-th share of the K tiles;
-//      the ks shares are added in a fixed order;
+//      the products a_i w_j with i + j <= 2 in float32, every chain one 128-feature tile long, the
+//      a_0 w_0 terms in a chain of their own, chains added with rounding adds). W comes from a copy in
+//      the MMAs' fragment order (mhc_wfrag_kernel). Warp job (nt, ks) owns MMA column tile nt and the
+//      ks-th share of the K tiles; the shares are added in a fixed order;
 //   3. cluster barrier; every block sums the C partials of its tokens' pre columns and squares in rank
 //      order (every block gets the same bits), block (t mod C) the whole row of token t, which it
 //      writes out (h_mix, inv_rms, h_pre, h_post, h_res);
 //   4. h_in for its feature slice from the tile in shared memory; a second cluster barrier keeps
 //      every block's partials alive until the cluster's last reader is done.
 // Deterministic: fixed-order sums, no atomics.
+//
+// Measured on an H100 (bf16, T = 16384, n = 4; .ci/mhc-cluster-ab at 8002ed4, the Triton forward and a
+// copy of x in the same run; fractions of copy bandwidth use the floor's bytes): x is read once (ncu:
+// 547 MB of DRAM reads, 152 MB of writes at D = 4096), but the kernel takes 1.01 ms at D = 4096 (24%;
+// Triton 0.605, 40%) and 1.85 ms at D = 7168 (22%; Triton 0.892, 45%). Where the time goes (the same
+// run, phases left out through mhc_tune): without the MMAs 0.52 / 0.80 ms (46% / 50%), the copy alone
+// 0.45 / 0.71 ms. Plans: the default (3 blocks per SM: C = 8, 16 tokens at D = 4096) beat 32 tokens
+// with C = 16 (2 per SM: 1.10 ms), 16 tokens with C = 16 (1.17) and 1 block per SM (2.79 at 128 KB).
+// Earlier steps at D = 4096: W read from the [3, MP, nD] parts (8 rows x 16 bytes per warp load) 1.98
+// ms; W in fragment order 1.35; a warp per copied row with token offsets computed once, and every DSMEM
+// load of a sum in flight together 1.37 (no gain); ldmatrix A fragments and K tiles stepped without
+// divisions 1.01. ncu at 8002ed4: 325 M warp instructions (124 M without the MMAs), tensor pipe 9%
+// active, warps stalled mostly on barriers (3.2 cycles per issue) and fixed-latency dependencies (2.2):
+// the phases run one after another in each block, and 3 blocks per SM do not hide them.
+// What would reach 70% of copy bandwidth: see README.md, "mhc_pre: the one-read cluster forward".
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
