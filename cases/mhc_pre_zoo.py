@@ -1,4 +1,5 @@
-"""Bug-zoo mutants of the Triton mhc_pre backend (specs/bug-zoo.md); they run on CPU too.
+"""Bug-zoo mutants of the mhc_pre backends (specs/bug-zoo.md): the Triton ones run on CPU too, the CUDA
+cluster kernel's on a GPU only.
 
 Edits apply to a copy of backends/triton/mhc_pre/. Under the interpreter the dx kernel's blocks are
 BLOCK_ND = 64 features of one stream; with D a multiple of 64 they line up with the harness's
@@ -94,4 +95,17 @@ register_mutant(Mutant(
     expect=(Expectation(CASE, "float32", fail=("dalpha.pre", "dbias.pre", "dphi.pre"), hint="none",
                         passing=OUTS + ("dalpha.post", "dalpha.res", "dbias.post", "dbias.res",
                                         "dphi.post", "dphi.res")),),
+))
+
+
+# The cluster kernel's planted defect needs a row split over several blocks: at n = 4, D = 4096 the plan
+# takes a cluster of 8 (bf16, 16 tokens a block); at small D one block holds the row and no meeting happens.
+CLUSTER_CASE = C("zoo-cluster-n4-D4096-T40", 1, 40, 4, 4096, ("zoo",))
+
+register_mutant(Mutant(
+    id="mhc-cluster-own-partial", operator="mhc_pre", backend="cuda", seed="thread-block clusters (issue 27)",
+    description="each block of a cluster takes its own partial sums for the cluster's (the DSMEM meeting "
+                "dropped): h_pre, inv_rms and h_mix come from one feature slice of the row",
+    edits=(("mhc_pre.cu", "v[q] = q < C ? *cluster.map_shared_rank(p, q) : 0.f;", "v[q] = q == 0 ? *p : 0.f;"),),
+    expect=(Expectation(CLUSTER_CASE, "bfloat16", fail=OUTS, where={"h_in": {"token": "all"}}),),
 ))

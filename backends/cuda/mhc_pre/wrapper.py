@@ -13,7 +13,9 @@ import ctypes
 
 import torch
 
-from ...triton.mhc_pre import wrapper as triton_mhc
+# absolute: a bug-zoo mutant is a copy of this package outside harness.backends
+from harness.backends.triton.mhc_pre import wrapper as triton_mhc
+
 from . import loader
 
 Tensor = torch.Tensor
