@@ -1,9 +1,11 @@
 """Bug-zoo mutants of the mhc_pre backends (specs/bug-zoo.md): the Triton ones run on CPU too, the CUDA
 cluster kernel's on a GPU only.
 
-Edits apply to a copy of backends/triton/mhc_pre/. Under the interpreter the dx kernel's blocks are
-BLOCK_ND = 64 features of one stream; with D a multiple of 64 they line up with the harness's
-flattened nD blocks, so "all but the last block" reads the same in both.
+Edits apply to a copy of the backend's package. The Triton dx kernel's blocks are BLOCK_ND features of
+one stream (64 under the interpreter, 128 on a GPU); with D a multiple of both they line up with the
+harness's flattened nD blocks, so "all but the last block" reads the same on CPU and GPU. (At D = 192
+the GPU's last block of stream 0 is a partial one, and the flattened block holding it is half bad:
+mhc-last-block-only was MISSED on H100s at 9ce83aa, c8b8606 and c72af82 for that reason alone.)
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from harness.cases.mhc_pre import C
 from harness import Expectation, register_mutant
 from harness.spec import Mutant
 
-# nD = 2 * 192 = 384: six interpreter blocks of 64 (> 2 * BLOCK_ND), three token blocks of 16;
-# alpha ~ U(0.5, 1.5) (realistic init) so the GEMM term of dx is far above rounding
-CASE = C("zoo-n2-D192-T40", 1, 40, 2, 192, ("zoo",))
+# nD = 2 * 256 = 512: eight interpreter blocks of 64 and four GPU blocks of 128 (> 2 * BLOCK_ND either way),
+# three token blocks of 16; alpha ~ U(0.5, 1.5) (realistic init) so the GEMM term of dx is far above rounding
+CASE = C("zoo-n2-D256-T40", 1, 40, 2, 256, ("zoo",))
 DPHI = ("dphi.pre", "dphi.post", "dphi.res")
 DALPHA = ("dalpha.pre", "dalpha.post", "dalpha.res")
 DBIAS = ("dbias.pre", "dbias.post", "dbias.res")
