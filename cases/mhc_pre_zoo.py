@@ -32,9 +32,11 @@ register_mutant(Mutant(
     edits=(("kernels.py", _DX_LINE,
             "dxv = tl.where(tl.min(j, axis=0) + BLOCK_ND >= nD, mmg, 0.0) - cf[None, :] * xf + hp[None, :] * gi"),
            ("kernels.py", _DG_LINE, "dg = tl.where(j0 + BLOCK_ND >= nD, tl.sum(ph * P, axis=0), 0.0)")),
+    # dgamma's edit is in the reduce kernel, whose blocks are red_nd = 64 features on CPU and GPU alike: on a
+    # GPU (declared BLOCK_ND 128) the kept block is half of the last flattened block, so every dgamma slice
+    # reads bad there (H100, 062f109); dx's blocks are the declared ones, and its localization is the check
     expect=(Expectation(CASE, "float32", fail=("dx", "dgamma"), passing=OUTS + DPHI + DALPHA + DBIAS,
-                        hint="accumulation-lost",
-                        where={"dx": {"nD": "all-but-last"}, "dgamma": {"nD": "all-but-last"}}),),
+                        hint="accumulation-lost", where={"dx": {"nD": "all-but-last"}}),),
 ))
 
 register_mutant(Mutant(
