@@ -419,6 +419,9 @@ def _lean_backward(h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Config):
     (T, H), V, g = h.shape, W.shape[0], cfg.dzg
     S = min(cfg.slab, V)
     n_slabs = triton.cdiv(V, S)
+    cublas = cfg.cublas and h.is_cuda and h.dtype == torch.bfloat16
+    if cublas:  # as in _held_backward: g / D into dZ, so that the GEMMs need no scale
+        gr = dataclasses.replace(gr, fold=False)
     dz = torch.empty((T, S), dtype=h.dtype, device=h.device)
     dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
     dw = torch.empty(W.shape, dtype=W.dtype, device=W.device)
@@ -435,10 +438,27 @@ def _lean_backward(h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Config):
                 _or(dbs, dz), T, s, H, v0, h.stride(0), h.stride(1), Ws.stride(0), Ws.stride(1), _s0(bs), y.stride(0),
                 *strides, dz.stride(0), _s0(dbs), *o.row_args(V), HAS_BIAS=b is not None,
                 SOFTCAP=o.cap is not None, EVEN_K=H % g.BK == 0, PREC=PREC, TMA=tma, **flags)
+        if cublas:
+            _lean_cublas(dz[:, :s], h, Ws, dw[v0:v0 + s], acc, dh, first=i == 0, last=i == n_slabs - 1)
+            continue
         _dw(dz, h, None, dw[v0:v0 + s], gr, 2, cfg.ldw)
         mode = 2 if n_slabs == 1 else 0 if i == 0 else 3 if i == n_slabs - 1 else 1
         _dh(dz, Ws, acc, dh if mode >= 2 else None, gr, mode, cfg.ldh)
     return dh, dw, _dbias(dbp, b, gr)
+
+
+def _lean_cublas(dz, h, Ws, dw_slab, acc, dh, first: bool, last: bool) -> None:
+    """One vocabulary slab of the lean backward on cuBLAS (bf16 on a GPU): the dweight slab in one GEMM over
+    all tokens, reduced in float32; dhidden accumulated in the float32 ``acc`` by the GEMM's own epilogue
+    (addmm, beta 0 for the first slab), cast once after the last (acc None: one slab, straight into dh)."""
+    with _float32_reductions():
+        torch.mm(dz.t(), h, out=dw_slab)
+        if acc is None:
+            torch.mm(dz, Ws, out=dh)
+            return
+        torch.addmm(acc, dz, Ws, out_dtype=F32, beta=0.0 if first else 1.0, out=acc)
+    if last:
+        dh.copy_(acc)
 
 
 class FusedLinearXent(torch.autograd.Function):
