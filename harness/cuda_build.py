@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 DEFAULT_FLAGS = ("-O3", "-arch=sm_90", "--shared", "-Xcompiler", "-fPIC")
 
@@ -93,6 +94,38 @@ def load(sources: Sequence[str | Path], flags: Sequence[str] = DEFAULT_FLAGS,
          name: str = "kernels") -> ctypes.CDLL:
     """Compile (cached) and load ``sources`` as one shared library."""
     return ctypes.CDLL(str(library_path(sources, flags, name)))
+
+
+class Launchers:
+    """A backend's shared library, compiled and loaded on first use, its extern "C" functions typed.
+
+    ``signatures`` maps each function to its ctypes argument types (restype int: a cudaError_t or 0,
+    unless ``restypes`` says otherwise); ``errors`` names the function that turns a code into a message
+    (restype char*).
+    """
+
+    def __init__(self, sources: Sequence[str | Path], flags: Sequence[str], name: str,
+                 signatures: dict[str, list], errors: str, restypes: dict[str, Any] | None = None):
+        self.sources, self.flags, self.name = tuple(sources), tuple(flags), name
+        self.signatures, self.errors, self.restypes = signatures, errors, restypes or {}
+        self._so: ctypes.CDLL | None = None
+
+    def lib(self) -> ctypes.CDLL:
+        if self._so is None:
+            so = load(self.sources, self.flags, name=self.name)
+            for fn, args in self.signatures.items():
+                getattr(so, fn).argtypes = args
+                getattr(so, fn).restype = self.restypes.get(fn, ctypes.c_int)
+            getattr(so, self.errors).argtypes = [ctypes.c_int]
+            getattr(so, self.errors).restype = ctypes.c_char_p
+            self._so = so
+        return self._so
+
+    def check(self, code: int, what: str) -> None:
+        """Raise RuntimeError with the library's own message when a launcher returned an error."""
+        if code != 0:
+            msg = getattr(self.lib(), self.errors)(code).decode()
+            raise RuntimeError(f"{self.name} CUDA {what} failed: {msg} (code {code})")
 
 
 def compile_only(paths: Sequence[str | Path], arch: str = "sm_90", flags: Sequence[str] = ("-O3",)) -> None:

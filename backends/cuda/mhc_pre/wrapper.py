@@ -36,15 +36,9 @@ def cluster_forward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: 
     does not fit it."""
     global last_plan
     B, S, n, D, M, nD = triton_mhc.dims(x, phi)
-    T, MP, dev = B * S, triton_mhc.padded_rows(M), x.device
-    f32 = dict(dtype=torch.float32, device=dev)
+    MP, dev = triton_mhc.padded_rows(M), x.device
     wparts = triton_mhc.weight_parts(phi, gamma, M, MP)
-    h_in = torch.empty((B, S, D), dtype=x.dtype, device=dev)
-    h_post = torch.empty((B, S, n), **f32)
-    h_res = torch.empty((B, S, n, n), **f32)
-    h_mix = torch.empty((T, MP), **f32)
-    inv = torch.empty((T,), **f32)
-    h_pre = torch.empty((T, n), **f32)
+    h_in, h_post, h_res, h_mix, inv, h_pre = triton_mhc.forward_outputs(x, MP)
     lib = loader.lib()
     # W's fragments in the order the MMAs read them (a kernel of mhc_fwd writes them)
     wfrag = torch.empty((lib.mhc_wfrag_bytes(n, D),), dtype=torch.uint8, device=dev)

@@ -18,7 +18,7 @@ DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}
 REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 
 _P, _I64, _I32, _F32, _F64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_double
-_SIGNATURES = {
+_LAUNCHERS = cuda_build.Launchers(CU_SOURCES, NVCC_FLAGS, "softmax_xent", {
     "xent_forward": [_P, _I32, _I64, _I64, _I64, _P, _I64, _I64, _I32, _I32, _F64, _F32, _F32, _P, _I64,
                      _P, _P, _P, _P, _P],
     "xent_backward": [_P, _I32, _I64, _I64, _I64, _P, _I64, _I64, _F32, _F32, _P, _P, _P, _I64, _I32, _P,
@@ -26,27 +26,7 @@ _SIGNATURES = {
     "xent_scale": [_P, _I32, _I64, _I64, _I64, _P, _I64, _P],
     "xent_tune": [_I32],
     "xent_tune_cluster": [_I32, _I32],
-    "xent_error_string": [_I32],
-}
-
-_lib: ctypes.CDLL | None = None
-
-
-def lib() -> ctypes.CDLL:
-    """The loaded library (compiled on first use)."""
-    global _lib
-    if _lib is None:
-        so = cuda_build.load(CU_SOURCES, NVCC_FLAGS, name="softmax_xent")
-        for fn, args in _SIGNATURES.items():
-            getattr(so, fn).argtypes = args
-            getattr(so, fn).restype = ctypes.c_int
-        so.xent_error_string.restype = ctypes.c_char_p
-        _lib = so
-    return _lib
-
-
-def check(code: int, what: str) -> None:
-    """Raise RuntimeError with CUDA's own message when a launcher returned an error."""
-    if code != 0:
-        msg = lib().xent_error_string(code).decode()
-        raise RuntimeError(f"softmax_xent CUDA {what} failed: {msg} (cudaError {code})")
+}, errors="xent_error_string")
+# the loaded library (compiled on first use), and an exception with CUDA's message for a failed launch
+lib = _LAUNCHERS.lib
+check = _LAUNCHERS.check

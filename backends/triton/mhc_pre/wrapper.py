@@ -126,6 +126,16 @@ def weight_parts(phi: Tensor, gamma: Tensor | None, M: int, MP: int) -> Tensor:
     return wparts
 
 
+def forward_outputs(x: Tensor, MP: int) -> tuple[Tensor, ...]:
+    """The forward's outputs for x [B, S, n, D]: h_in [B, S, D] (x's dtype), h_post [B, S, n], h_res [B, S, n, n],
+    and what the backward reads: h_mix [T, MP], inv_rms [T], h_pre [T, n] (float32, dense)."""
+    B, S, n, D = x.shape
+    T, f32 = B * S, dict(dtype=torch.float32, device=x.device)
+    return (torch.empty((B, S, D), dtype=x.dtype, device=x.device), torch.empty((B, S, n), **f32),
+            torch.empty((B, S, n, n), **f32), torch.empty((T, MP), **f32), torch.empty((T,), **f32),
+            torch.empty((T, n), **f32))
+
+
 def mhc_pre_forward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: Tensor | None,
                     norm_eps: float, hc_eps: float, post_mult: float) -> tuple[Tensor, ...]:
     """h_in, h_post, h_res, and for the backward: h_mix [T, MP], inv_rms [T], h_pre [T, n] and the bf16
@@ -148,12 +158,7 @@ def mhc_pre_forward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: 
         x, wparts, part, ssq, T, S, n, D, nD, kchunk, *x.stride(),
         X_PARTS=_X_PARTS[x.dtype], MP=MP, BLOCK_T=bt, BLOCK_K=bk,
         EMU=INTERPRET, num_warps=warps, num_stages=nst)
-    h_in = torch.empty((B, S, D), dtype=x.dtype, device=dev)
-    h_post = torch.empty((B, S, n), **f32)
-    h_res = torch.empty((B, S, n, n), **f32)
-    h_mix = torch.empty((T, MP), **f32)
-    inv = torch.empty((T,), **f32)
-    h_pre = torch.empty((T, n), **f32)
+    h_in, h_post, h_res, h_mix, inv, h_pre = forward_outputs(x, MP)
     mt = cfg["mix_t"]
     K._fwd_mix_kernel[(_cdiv(T, mt),)](
         x, part, ssq, alpha, bias, h_in, h_post, h_res, h_mix, inv, h_pre,
