@@ -44,9 +44,12 @@ def test_a_long_row_is_split_over_a_cluster_and_matches_the_triton_forward(dtype
     C, DS, BT, threads, smem = cw.last_plan
     assert C > 1 and DS % 16 == 0 and C * DS >= 4096 and BT in (16, 32) and smem <= 227 * 1024
     names = ("h_in", "h_post", "h_res", "h_mix", "inv_rms", "h_pre")
+    # two float32-accurate summation orders: a few float32 ulps of the terms' magnitudes (h_in sums n products
+    # of O(1) values, which can cancel); a 16-bit h_in may round the other way: 2 ulps
     for name, a, b in zip(names, got[:6], ref[:6], strict=True):
-        tol = 2 * torch.finfo(dtype).eps if name == "h_in" else 1e-5
-        assert torch.allclose(a.float(), b.float(), rtol=tol, atol=tol), name
+        tol = 2 * torch.finfo(dtype).eps if name == "h_in" and dtype != torch.float32 else 1e-5
+        err = (a.float() - b.float()).abs().max().item()
+        assert torch.allclose(a.float(), b.float(), rtol=tol, atol=tol), f"{name}: largest difference {err:.3g}"
     assert torch.equal(got[6], ref[6])  # the weight parts the backward reads
 
 
