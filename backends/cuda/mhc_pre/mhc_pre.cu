@@ -35,7 +35,7 @@
 // Earlier steps at D = 4096: W read from the [3, MP, nD] parts (8 rows x 16 bytes per warp load) 1.98
 // ms; W in fragment order 1.35; a warp per copied row with token offsets computed once, and every DSMEM
 // load of a sum in flight together 1.37 (no gain); ldmatrix A fragments and K tiles stepped without
-// divisions 1.01. ncu at 8002ed4: 325 M warp instructions (124 M without the MMAs), tensor pipe 9%
+// divisions 1.01. ncu at 8002ed4: 325 M warp instructions (124 M without the MMAs, at 820829a), tensor pipe 9%
 // active, warps stalled mostly on barriers (3.2 cycles per issue) and fixed-latency dependencies (2.2):
 // the phases run one after another in each block, and 3 blocks per SM do not hide them.
 // What would reach 70% of copy bandwidth: see README.md, "mhc_pre: the one-read cluster forward".
