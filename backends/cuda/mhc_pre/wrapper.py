@@ -2,9 +2,9 @@
 
 The forward saves what the Triton backward reads (h_mix [T, MP], inv_rms, h_pre and the bf16 parts of
 phi * gamma, which the cluster kernel reads too), so the pair is judged as one backend. A token row too
-long for a cluster's shared memory (mhc_fwd answers UNSUPPORTED: n * D beyond ~100 KB of x per token
-in bfloat16 at 16 tokens a block) takes the Triton backend's two-read forward; ``last_plan`` says which
-ran.
+long for a cluster's shared memory (mhc_fwd answers UNSUPPORTED: n * D * itemsize beyond about 215 KB,
+16 tokens a block over 16 blocks; n = 8, D = 7168 in float32) takes the Triton backend's two-read
+forward; ``last_plan`` says which ran.
 """
 
 from __future__ import annotations
