@@ -22,6 +22,7 @@ _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_f
 _LAUNCHERS = cuda_build.Launchers(CU_SOURCES, NVCC_FLAGS, "mhc_pre", {
     "mhc_fwd": [_P, _I32, _I64, _I64, _I32, _I64, _I64, _I64, _I64, _I64, _P, _I32, _P, _P, _P, _F32, _F32, _F32,
                 _P, _P, _P, _P, _P, _P, _P, _P],
+    "mhc_plan": [_I32, _I32, _I64, _I64, _P],
     "mhc_wfrag_bytes": [_I32, _I64],
     "mhc_tune": [_I32, _I32, _I32, _I32],
 }, errors="mhc_error_string", restypes={"mhc_wfrag_bytes": _I64})

@@ -551,13 +551,26 @@ mhc_fwd_cluster_kernel(Args a, int DS, int mt_used, int skip) {
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
+// The plan of a forward over T tokens (not ok: the row does not fit a cluster, or the token blocks overflow
+// gridDim.y)
+Plan launch_plan(int dtype, int n, int64_t D, int64_t T) {
+  Plan p = plan(D, n, n * n + 2 * n, dtype == DT_F32 ? 4 : 2);
+  if (p.ok && (T + 16 * p.mt - 1) / (16 * p.mt) > 65535) p.ok = false;
+  return p;
+}
+
+void write_plan(const Plan& p, int64_t* out) {
+  if (!out) return;
+  out[0] = p.C;
+  out[1] = p.DS;
+  out[2] = 16 * p.mt;
+  out[3] = p.warps;
+  out[4] = (int64_t)p.smem;
+}
+
 template <typename T>
-cudaError_t launch(Args a, cudaStream_t st, Plan* used) {
-  const Plan p = plan(a.D, a.n, a.M, (int)sizeof(T));
-  if (used) *used = p;
-  if (!p.ok) return (cudaError_t)kUnsupported;
+cudaError_t launch(const Args& a, const Plan& p, cudaStream_t st) {
   const int64_t nb = (a.T + 16 * p.mt - 1) / (16 * p.mt);
-  if (nb > 65535) return (cudaError_t)kUnsupported;
   // 1 KB of each block's shared memory is the system's; 228 KB per SM
   auto kern = 3 * (p.smem + 1024) <= 228 * 1024 ? mhc_fwd_cluster_kernel<T, 3> : mhc_fwd_cluster_kernel<T, 2>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p.smem);
@@ -621,12 +634,16 @@ int mhc_fwd(const void* x, int dtype, int64_t B, int64_t S, int n, int64_t D, in
   a.h_mix = h_mix;
   a.inv = inv;
   a.h_pre = h_pre;
-  if (a.T <= 0 || n < 1 || n > 8 || D < 1 || MP < a.M) return (int)cudaErrorInvalidValue;
+  if (a.T <= 0 || n < 1 || n > 8 || D < 1 || MP < a.M || dtype < DT_F32 || dtype > DT_F16)
+    return (int)cudaErrorInvalidValue;
   const int es = dtype == DT_F32 ? 4 : 2, V = 16 / es;
   // a B of 1 or an S of 1 makes that stride irrelevant
   const bool strides_vec = (B == 1 || sxb % V == 0) && (S == 1 || sxs % V == 0) && (n == 1 || sxn % V == 0);
   a.vec_x = sxd == 1 && D % V == 0 && strides_vec && aligned16(x);
   a.vec_out = D % V == 0 && aligned16(h_in);
+  const Plan p = launch_plan(dtype, n, D, a.T);
+  write_plan(p, plan_out);
+  if (!p.ok) return kUnsupported;  // before any launch
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const int NT = (a.M + 7) / 8;
   const int64_t frags = (int64_t)n * ((D + 15) / 16) * NT * 96;
@@ -634,22 +651,20 @@ int mhc_fwd(const void* x, int dtype, int64_t B, int64_t S, int n, int64_t D, in
       static_cast<const __nv_bfloat16*>(w), MP, n, D, NT, static_cast<uint2*>(wf));
   cudaError_t le = cudaGetLastError();
   if (le != cudaSuccess) return (int)le;
-  Plan p;
-  cudaError_t e;
   switch (dtype) {
-    case DT_F32: e = launch<float>(a, st, &p); break;
-    case DT_BF16: e = launch<__nv_bfloat16>(a, st, &p); break;
-    case DT_F16: e = launch<__half>(a, st, &p); break;
+    case DT_F32: return (int)launch<float>(a, p, st);
+    case DT_BF16: return (int)launch<__nv_bfloat16>(a, p, st);
+    case DT_F16: return (int)launch<__half>(a, p, st);
     default: return (int)cudaErrorInvalidValue;
   }
-  if (plan_out) {
-    plan_out[0] = p.C;
-    plan_out[1] = p.DS;
-    plan_out[2] = 16 * p.mt;
-    plan_out[3] = p.warps;
-    plan_out[4] = (int64_t)p.smem;
-  }
-  return (int)e;
+}
+
+// The plan mhc_fwd would launch (plan_out as there), without launching anything: 0, or -1 where the shape
+// does not fit a cluster's shared memory (the caller takes another forward before allocating for this one).
+int mhc_plan(int dtype, int n, int64_t D, int64_t T, int64_t* plan_out) {
+  const Plan p = launch_plan(dtype, n, D, T);
+  write_plan(p, plan_out);
+  return p.ok ? 0 : kUnsupported;
 }
 
 // Bytes of the scratch for W's MMA fragments (mhc_fwd's wf).

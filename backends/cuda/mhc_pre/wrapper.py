@@ -36,22 +36,20 @@ def cluster_forward(x: Tensor, phi: Tensor, alpha: Tensor, bias: Tensor, gamma: 
     does not fit it."""
     global last_plan
     B, S, n, D, M, nD = triton_mhc.dims(x, phi)
+    lib, code, plan = loader.lib(), loader.DTYPE_CODES[_DTYPES[x.dtype]], (ctypes.c_int64 * 5)()
+    if lib.mhc_plan(code, n, D, B * S, plan) == loader.UNSUPPORTED:  # asked before anything is allocated
+        last_plan = None
+        return None
     MP, dev = triton_mhc.padded_rows(M), x.device
     wparts = triton_mhc.weight_parts(phi, gamma, M, MP)
     h_in, h_post, h_res, h_mix, inv, h_pre = triton_mhc.forward_outputs(x, MP)
-    lib = loader.lib()
     # W's fragments in the order the MMAs read them (a kernel of mhc_fwd writes them)
     wfrag = torch.empty((lib.mhc_wfrag_bytes(n, D),), dtype=torch.uint8, device=dev)
-    plan = (ctypes.c_int64 * 5)()
     with torch.cuda.device(dev):
         rc = lib.mhc_fwd(
-            x.data_ptr(), loader.DTYPE_CODES[_DTYPES[x.dtype]], B, S, n, D, *x.stride(), wparts.data_ptr(), MP,
-            wfrag.data_ptr(),
+            x.data_ptr(), code, B, S, n, D, *x.stride(), wparts.data_ptr(), MP, wfrag.data_ptr(),
             alpha.data_ptr(), bias.data_ptr(), norm_eps, hc_eps, post_mult, h_in.data_ptr(), h_post.data_ptr(),
             h_res.data_ptr(), h_mix.data_ptr(), inv.data_ptr(), h_pre.data_ptr(), plan, _stream(dev))
-    if rc == loader.UNSUPPORTED:
-        last_plan = None
-        return None
     loader.check(rc, "forward launch")
     last_plan = tuple(plan)
     return h_in, h_post, h_res, h_mix, inv, h_pre, wparts
