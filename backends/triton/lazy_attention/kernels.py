@@ -179,16 +179,23 @@ def _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale,
 
 @triton.jit
 def _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta, dps,
-                 lo, hi, L, W, qk_scale,
-                 BLOCK: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
+                 acc_pdp, acc_p, lo, hi, L, W, qk_scale,
+                 BLOCK: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, DQ: tl.constexpr,
+                 PREC: tl.constexpr):
     for n0 in range(lo, hi, BLOCK):
         offs_n = n0 + tl.arange(0, BLOCK)
         k = _load_rows(k_base, offs_n, skl, skd, offs_d, L)
         v = _load_rows(v_base, offs_n, svl, svd, offs_d, L)
         p, dp = _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale, BIAS, CAUSAL, PREC)
-        delta += tl.sum(p * dp, 1)
+        pdp = p * dp
+        delta += tl.sum(pdp, 1)
         dps += tl.sum(dp, 1).to(tl.float64)
-    return delta, dps
+        if DQ:
+            # dq = scale * sum_j p (dp - Delta) k_j = scale * (sum_j p dp k_j - Delta * sum_j p k_j): both sums
+            # need no Delta, so dq comes out of the same pass that finds it
+            acc_pdp = tl.dot(pdp.to(k.dtype), k, acc_pdp, input_precision=PREC)
+            acc_p = tl.dot(p.to(k.dtype), k, acc_p, input_precision=PREC)
+    return delta, dps, acc_pdp, acc_p
 
 
 @triton.jit
@@ -234,13 +241,14 @@ def _bwd_block(Q, DO, Tau, LSE, sqb, sqh, sql, sqd, sdob, sdoh, sdol, sdod, stau
 
 
 @triton.jit
-def _lazy_bwd_delta_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, TauPart,
+def _lazy_bwd_delta_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, TauPart, DQ,
                            sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
-                           sdob, sdoh, sdol, sdod, sbh, sbw, stau, H, L, W, qk_scale,
-                           DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+                           sdob, sdoh, sdol, sdod, sdqb, sdqh, sdql, sdqd, sbh, sbw, stau, H, L, W, qk_scale, scale,
+                           DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_OUT: tl.constexpr,
+                           PREC: tl.constexpr):
     # Delta_i = sum_j p dp over the key blocks of one query block, from float32 p and dp, and this block's
-    # share of dtau = sum_i 1/(i+1) sum_j dp. A kernel of its own: without the dq kernel's [BLOCK, DH]
-    # accumulator its key and value loads can be pipelined.
+    # share of dtau = sum_i 1/(i+1) sum_j dp. With DQ_OUT also dq, from two more GEMMs in the same pass
+    # (sum_j p dp k_j and sum_j p k_j, combined once Delta is known); without it DQ is not touched.
     pid_m, h, b, bh, m0, offs_m, offs_d, rows, q, g, lse2, c = _bwd_block(
         Q, DO, Tau, LSE, sqb, sqh, sql, sqd, sdob, sdoh, sdol, sdod, stau, H, L, DH, BLOCK_M)
     k_base = K + b * skb + h * skh
@@ -254,15 +262,25 @@ def _lazy_bwd_delta_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, TauPart,
     # dtau often cancels to much less than its terms: its row sums are carried in float64 (a BLOCK-vector
     # per tile, next to nothing), which keeps it well inside the float32 floor's bound
     dps = tl.zeros([BLOCK_M], tl.float64)
-    delta, dps = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
-                              delta, dps, 0, bias_d, L, W, qk_scale, BLOCK_N, False, False, PREC)
-    delta, dps = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
-                              delta, dps, bias_d, diag_d, L, W, qk_scale, BLOCK_N, True, False, PREC)
-    delta, dps = _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c,
-                              delta, dps, diag_d, hi, L, W, qk_scale, BLOCK_N, True, True, PREC)
+    acc_pdp = tl.zeros([BLOCK_M, DH], tl.float32)
+    acc_p = tl.zeros([BLOCK_M, DH], tl.float32)
+    delta, dps, acc_pdp, acc_p = _delta_range(
+        q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta, dps,
+        acc_pdp, acc_p, 0, bias_d, L, W, qk_scale, BLOCK_N, False, False, DQ_OUT, PREC)
+    delta, dps, acc_pdp, acc_p = _delta_range(
+        q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta, dps,
+        acc_pdp, acc_p, bias_d, diag_d, L, W, qk_scale, BLOCK_N, True, False, DQ_OUT, PREC)
+    delta, dps, acc_pdp, acc_p = _delta_range(
+        q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta, dps,
+        acc_pdp, acc_p, diag_d, hi, L, W, qk_scale, BLOCK_N, True, True, DQ_OUT, PREC)
     tl.store(Delta + bh * L + offs_m, delta, mask=rows)
     inv = 1.0 / (offs_m + 1).to(tl.float64)
     tl.store(TauPart + (b * tl.num_programs(0) + pid_m) * H + h, tl.sum(tl.where(rows, dps * inv, 0.0), 0).to(tl.float32))
+    if DQ_OUT:
+        # row 0 has one key (p = 1, ds = 0 exactly): its dq is zero, not the rounding noise of the difference
+        dq = tl.where(offs_m[:, None] == 0, 0.0, acc_pdp - delta[:, None] * acc_p)
+        tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdql + offs_d[None, :] * sdqd,
+                 (dq * scale).to(DQ.dtype.element_ty), mask=rows[:, None])
 
 
 @triton.jit
@@ -366,7 +384,7 @@ def _strip_offset(nj, L, BLOCK_N: tl.constexpr):
 def _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, ds_strip, tau, bias_row, sbw,
                 part_row, offs_n, offs_d, dk, dv, ca, cb, n0, lo, hi, L, W, qk_scale,
                 BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr,
-                STORE_DS: tl.constexpr, PREC: tl.constexpr):
+                STORE_DS: tl.constexpr, DBIAS: tl.constexpr, PREC: tl.constexpr):
     for m0 in range(lo, hi, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
         dk, dv, dsT, dsT16 = _dkdv_tile(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau,
@@ -376,14 +394,14 @@ def _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_bas
             # the tile of ds, for the dq kernel (rounded as the dq dot would round it)
             tl.store(ds_strip + (offs_m - n0)[None, :] * BLOCK_N + (offs_n - n0)[:, None], dsT16,
                      mask=(offs_m < L)[None, :])
-            if BIAS:
-                # chunk i of this tile lies at distances m0 - n0 - i * BLOCK_M + [0, BLOCK_M); the query
-                # block steps by BLOCK_M, so the chunk at m0 - n0 - 2 * BLOCK_M is complete now: stored once
-                s0, s1, s2 = _diag_chunks(dsT, BLOCK_N, BLOCK_M)
-                dist = (m0 - n0 - 2 * BLOCK_M) + tl.arange(0, BLOCK_M)
-                tl.store(part_row + dist, ca + s2, mask=(dist >= 0) & (dist < W))
-                ca = cb + s1
-                cb = s0
+        if DBIAS and BIAS:
+            # chunk i of this tile lies at distances m0 - n0 - i * BLOCK_M + [0, BLOCK_M); the query
+            # block steps by BLOCK_M, so the chunk at m0 - n0 - 2 * BLOCK_M is complete now: stored once
+            s0, s1, s2 = _diag_chunks(dsT, BLOCK_N, BLOCK_M)
+            dist = (m0 - n0 - 2 * BLOCK_M) + tl.arange(0, BLOCK_M)
+            tl.store(part_row + dist, ca + s2, mask=(dist >= 0) & (dist < W))
+            ca = cb + s1
+            cb = s0
     return dk, dv, ca, cb
 
 
@@ -393,7 +411,7 @@ def _lazy_bwd_dkdv_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, DS, Part,
                           sdob, sdoh, sdol, sdod, sdkb, sdkh, sdkl, sdkd, sdvb, sdvh, sdvl, sdvd,
                           sbh, sbw, stau, H, L, W, qk_scale, scale,
                           DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_DS: tl.constexpr,
-                          PREC: tl.constexpr):
+                          DBIAS: tl.constexpr, PREC: tl.constexpr):
     # One pass over the query blocks of one key block, after the Delta kernel: dk and dv. With STORE_DS
     # (the ds path) also a partial row of dbias and ds itself (input dtype) for _lazy_bwd_dq_ds_kernel, so
     # that dq needs no second pass over p and dp; BLOCK_N is then BLOCK_M or 2 * BLOCK_M (three diagonal
@@ -426,11 +444,11 @@ def _lazy_bwd_dkdv_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, DS, Part,
     delta_base = Delta + bh * L
     dk, dv, ca, cb = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, ds_strip, tau,
                                  bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca, cb, n0, m_lo, diag_hi, L, W,
-                                 qk_scale, BLOCK_N, BLOCK_M, True, True, STORE_DS, PREC)
+                                 qk_scale, BLOCK_N, BLOCK_M, True, True, STORE_DS, DBIAS, PREC)
     dk, dv, ca, cb = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, ds_strip, tau,
                                  bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca, cb, n0, diag_hi, bias_hi, L,
-                                 W, qk_scale, BLOCK_N, BLOCK_M, True, False, STORE_DS, PREC)
-    if STORE_DS:
+                                 W, qk_scale, BLOCK_N, BLOCK_M, True, False, STORE_DS, DBIAS, PREC)
+    if DBIAS:
         # the two chunks still open end at the table's edge: later tiles hold distances >= W only (m_end:
         # the query block after the last one seen, bias_hi rounded up as the loops step)
         m_end = m_lo + tl.cdiv(bias_hi - m_lo, BLOCK_M) * BLOCK_M
@@ -439,7 +457,7 @@ def _lazy_bwd_dkdv_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, DS, Part,
         tl.store(part_row + dist + BLOCK_M, cb, mask=(dist + BLOCK_M >= 0) & (dist + BLOCK_M < W))
     dk, dv, ca, cb = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, ds_strip, tau,
                                  bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca, cb, n0, bias_hi, L, L, W,
-                                 qk_scale, BLOCK_N, BLOCK_M, False, False, STORE_DS, PREC)
+                                 qk_scale, BLOCK_N, BLOCK_M, False, False, STORE_DS, DBIAS, PREC)
     cols = offs_n[:, None] < L
     tl.store(DK + b * sdkb + h * sdkh + offs_n[:, None] * sdkl + offs_d[None, :] * sdkd,
              (dk * scale).to(DK.dtype.element_ty), mask=cols)

@@ -59,7 +59,7 @@ def config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
             return dict(INTERPRET_OVERRIDES[kernel])
         b = INTERPRET_BLOCK
         return {"lse": {"BLOCK_M": b, "BLOCK_L": b}, "fwd": {"BLOCK_M": b, "BLOCK_N": b},
-                "delta": {"BLOCK_M": b, "BLOCK_N": b},
+                "delta": {"BLOCK_M": b, "BLOCK_N": b}, "delta_dq": {"BLOCK_M": b, "BLOCK_N": b},
                 "dq": {"BLOCK": b, "BLOCK_F": b}, "dkdv": {"BLOCK_M": b, "BLOCK_N": b},
                 "dkdv_ds": {"BLOCK_M": b, "BLOCK_N": 2 * b}, "dq_ds": {"BLOCK_M": b}}[kernel]
     return gpu_config(kernel, dh, dtype)
@@ -74,6 +74,7 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
         return {"lse": {"BLOCK_M": 32, "BLOCK_L": 32, "num_warps": 4, "num_stages": 1},
                 "fwd": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
                 "delta": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+                "delta_dq": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
                 "dq": {"BLOCK": 32, "BLOCK_F": 32, "num_warps": 4, "num_stages": 1},
                 "dkdv": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
                 "dkdv_ds": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
@@ -113,6 +114,7 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
         return {"lse": {"BLOCK_M": 64, "BLOCK_L": 128, "num_warps": 4, "num_stages": 3},
                 "fwd": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
                 "delta": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+                "delta_dq": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
                 "dq": {"BLOCK": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
                 "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
                 "dkdv_ds": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
@@ -120,6 +122,7 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
     return {"lse": {"BLOCK_M": 64, "BLOCK_L": 64, "num_warps": 4, "num_stages": 3},
             "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
             "delta": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
+            "delta_dq": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
             "dq": {"BLOCK": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
             "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 1},
             "dkdv_ds": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
@@ -183,13 +186,11 @@ def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, ls
     dv = torch.empty((B, H, L, DH), dtype=v.dtype, device=dev)
     delta = torch.empty((B, H, L), dtype=torch.float32, device=dev)
 
-    tau_part = launch_delta(q, k, v, bias, tau, lse, do, scale, delta)
     if ds_bytes(q) <= (DS_BUDGET_BYTES if ds_budget is None else ds_budget):
+        tau_part = launch_delta(q, k, v, bias, tau, lse, do, scale, delta)
         part = launch_ds_path(q, k, v, bias, tau, lse, do, scale, delta, dq, dk, dv)
     else:
-        # both read the Delta written just before
-        part = launch_dq(q, k, v, bias, tau, lse, do, scale, delta, dq)
-        launch_dkdv(q, k, v, bias, tau, lse, do, scale, delta, dk, dv)
+        part, tau_part = launch_fused_path(q, k, v, bias, tau, lse, do, scale, delta, dq, dk, dv)
 
     dbias = torch.zeros((H, W), dtype=torch.float32, device=dev)
     dtau = torch.zeros((H,), dtype=torch.float32, device=dev)
@@ -200,17 +201,21 @@ def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, ls
 
 
 def launch_delta(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
-                 scale: float, delta: Tensor) -> Tensor:
-    """Runs the Delta kernel: delta [B, H, L] = sum_j p dp, float32; returns the dtau shares [B * n_m, H]."""
+                 scale: float, delta: Tensor, dq: Tensor | None = None) -> Tensor:
+    """Runs the Delta kernel: delta [B, H, L] = sum_j p dp, float32, and dq where given ("delta_dq" tiles);
+    returns the dtau shares [B * n_m, H]."""
     B, H, L, DH = q.shape
     W = bias.shape[1]
-    cd = config("delta", DH, q.dtype)
+    with_dq = dq is not None
+    cd = config("delta_dq" if with_dq else "delta", DH, q.dtype)
     n_m = triton.cdiv(L, cd["BLOCK_M"])
     tau_part = torch.empty((B * n_m, H), dtype=torch.float32, device=q.device)
+    dq_in = dq if with_dq else q   # without DQ_OUT the kernel never touches DQ
     _lazy_bwd_delta_kernel[(n_m, H, B)](
-        q, k, v, do, bias, tau, lse, delta, tau_part, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
-        bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E,
-        DH=DH, BLOCK_M=cd["BLOCK_M"], BLOCK_N=cd["BLOCK_N"], PREC=_precision(q.dtype), **_launch_opts(cd))
+        q, k, v, do, bias, tau, lse, delta, tau_part, dq_in, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        *dq_in.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E, scale,
+        DH=DH, BLOCK_M=cd["BLOCK_M"], BLOCK_N=cd["BLOCK_N"], DQ_OUT=with_dq, PREC=_precision(q.dtype),
+        **_launch_opts(cd))
     return tau_part
 
 
@@ -234,19 +239,39 @@ def launch_dq(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: T
 def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
                 scale: float, delta: Tensor, dk: Tensor, dv: Tensor, ds: Tensor | None = None,
                 part: Tensor | None = None) -> None:
-    """Runs the dk/dv kernel (reads the delta of the Delta kernel). Given ds and part (the ds path, "dkdv_ds"
-    tiles) it also stores ds and the dbias partial rows [B * n_n, H, W]."""
+    """Runs the dk/dv kernel (reads the delta of the Delta kernel). Given part it also writes the dbias
+    partial rows [B * n_n, H, W]; given ds too (the ds path, "dkdv_ds" tiles) it stores ds."""
     B, H, L, DH = q.shape
     W = bias.shape[1]
     store = ds is not None
+    if store and part is None:
+        raise ValueError("the ds path takes dbias partial rows as well: part must be given with ds")
     ckv = config("dkdv_ds" if store else "dkdv", DH, q.dtype)
-    # without STORE_DS the kernel never touches DS and Part: any pointers of their dtypes do
-    ds_in, part_in = (ds, part) if store else (dk, delta)
+    # without STORE_DS (DBIAS) the kernel never touches DS (Part): any pointers of their dtypes do
+    ds_in = ds if store else dk
+    part_in = part if part is not None else delta
     _lazy_bwd_dkdv_kernel[(triton.cdiv(L, ckv["BLOCK_N"]), H, B)](
         q, k, v, do, bias, tau, lse, delta, dk, dv, ds_in, part_in, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
         *dk.stride(), *dv.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W,
         scale * LOG2E, scale, DH=DH, BLOCK_M=ckv["BLOCK_M"], BLOCK_N=ckv["BLOCK_N"], STORE_DS=store,
-        PREC=_precision(q.dtype), **_launch_opts(ckv))
+        DBIAS=part is not None, PREC=_precision(q.dtype), **_launch_opts(ckv))
+
+
+def dkdv_part(q: Tensor, bias: Tensor, tiles: str) -> Tensor:
+    """Zeroed dbias partial rows [B * n_n, H, W] of the dk/dv kernel launched with ``tiles``' key blocks."""
+    B, H, L, DH = q.shape
+    n_n = triton.cdiv(L, config(tiles, DH, q.dtype)["BLOCK_N"])
+    return torch.zeros((B * n_n, H, bias.shape[1]), dtype=torch.float32, device=q.device)
+
+
+def launch_fused_path(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
+                      scale: float, delta: Tensor, dq: Tensor, dk: Tensor, dv: Tensor) -> tuple[Tensor, Tensor]:
+    """Delta, the dtau shares and dq in one pass over p and dp; then dk, dv and the dbias partial rows in a
+    second. Returns (dbias partial rows [B * n_n, H, W], dtau shares [B * n_m, H])."""
+    tau_part = launch_delta(q, k, v, bias, tau, lse, do, scale, delta, dq)
+    part = dkdv_part(q, bias, "dkdv")
+    launch_dkdv(q, k, v, bias, tau, lse, do, scale, delta, dk, dv, part=part)
+    return part, tau_part
 
 
 def ds_bytes(q: Tensor) -> int:
@@ -263,14 +288,12 @@ def launch_ds_path(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, l
     """dk, dv, dbias partials and ds in one pass over p and dp, then dq as a GEMM over the stored ds;
     returns the dbias partial rows [B * n_n, H, W]."""
     B, H, L, DH = q.shape
-    W = bias.shape[1]
     ck, cq = config("dkdv_ds", DH, q.dtype), config("dq_ds", DH, q.dtype)
     bn = ck["BLOCK_N"]
     if ck["BLOCK_M"] not in (bn, bn // 2) or bn % cq["BLOCK_M"]:
         raise ValueError(f"dkdv_ds BLOCK_N ({bn}) must be BLOCK_M or 2 * BLOCK_M and a multiple of dq_ds BLOCK_M; "
                          f"got {ck} and {cq}")
-    n_n = triton.cdiv(L, bn)
-    part = torch.zeros((B * n_n, H, W), dtype=torch.float32, device=q.device)
+    part = dkdv_part(q, bias, "dkdv_ds")
     ds = torch.empty((ds_bytes(q) // q.element_size(),), dtype=q.dtype, device=q.device)
     launch_dkdv(q, k, v, bias, tau, lse, do, scale, delta, dk, dv, ds, part)
     _lazy_bwd_dq_ds_kernel[(triton.cdiv(L, cq["BLOCK_M"]), H, B)](
