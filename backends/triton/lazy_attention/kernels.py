@@ -152,17 +152,6 @@ def _lazy_fwd_kernel(Q, K, V, Bias, Tau, LSE, O,
 
 
 @triton.jit
-def _diag_sums(ds, BLOCK: tl.constexpr):
-    # Sums of a square tile along its diagonals: lo[k] over i - j == k, hi[k] over i - j == k - BLOCK.
-    # Row i is rotated by i (a register gather), which puts diagonal k (or k - BLOCK) in column k.
-    ii = tl.arange(0, BLOCK)[:, None]
-    kk = tl.arange(0, BLOCK)[None, :]
-    rot = tl.gather(ds, (ii - kk + BLOCK) % BLOCK, axis=1)
-    lower = ii >= kk
-    return tl.sum(tl.where(lower, rot, 0.0), 0), tl.sum(tl.where(lower, 0.0, rot), 0)
-
-
-@triton.jit
 def _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale,
           BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
     # p (float32) and dp = m * (g . v) of one [query, key] tile, as the Delta and dq passes both need
@@ -179,7 +168,7 @@ def _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale,
 
 @triton.jit
 def _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta, dps,
-                 acc_pdp, acc_p, lo, hi, L, W, qk_scale,
+                 delta_est, acc_ds, acc_p, lo, hi, L, W, qk_scale,
                  BLOCK: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, DQ: tl.constexpr,
                  PREC: tl.constexpr):
     for n0 in range(lo, hi, BLOCK):
@@ -191,44 +180,36 @@ def _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m
         delta += tl.sum(pdp, 1)
         dps += tl.sum(dp, 1).to(tl.float64)
         if DQ:
-            # dq = scale * sum_j p (dp - Delta) k_j = scale * (sum_j p dp k_j - Delta * sum_j p k_j): both sums
-            # need no Delta, so dq comes out of the same pass that finds it
-            acc_pdp = tl.dot(pdp.to(k.dtype), k, acc_pdp, input_precision=PREC)
+            # sum_j p (dp - Delta) k_j = sum_j p (dp - est) k_j - (Delta - est) sum_j p k_j for any est: neither
+            # sum needs Delta, so dq comes out of the pass that finds it. est close to Delta keeps the second
+            # term (and the rounding of p to the dot's dtype in it) small.
+            acc_ds = tl.dot((pdp - p * delta_est[:, None]).to(k.dtype), k, acc_ds, input_precision=PREC)
             acc_p = tl.dot(p.to(k.dtype), k, acc_p, input_precision=PREC)
-    return delta, dps, acc_pdp, acc_p
+    return delta, dps, acc_ds, acc_p
 
 
 @triton.jit
-def _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, delta, c,
-              dq, carry, part_row, m0, lo, hi, L, W, qk_scale,
-              BLOCK: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
-    for n0 in range(lo, hi, BLOCK):
-        offs_n = n0 + tl.arange(0, BLOCK)
-        k = _load_rows(k_base, offs_n, skl, skd, offs_d, L)
-        v = _load_rows(v_base, offs_n, svl, svd, offs_d, L)
-        p, dp = _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale, BIAS, CAUSAL, PREC)
-        ds = p * (dp - delta[:, None])
-        if CAUSAL:
-            # row 0 has one key: p = 1 and ds = 0 exactly; rounding of p would leave noise where the
-            # true gradient is exactly zero (all of dq, dk and dbias when L = 1)
-            ds = tl.where(offs_m[:, None] == 0, 0.0, ds)
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
-        if BIAS:
-            # tile (m0, n0) covers distances m0 - n0 + [-BLOCK, BLOCK); consecutive key blocks shift by
-            # BLOCK, so the chunk [m0-n0, m0-n0+BLOCK) is complete once this tile's lower part is added
-            # to the previous tile's upper part: each chunk is stored exactly once (no read-modify-write)
-            lo_s, hi_s = _diag_sums(ds, BLOCK)
-            dist = (m0 - n0) + tl.arange(0, BLOCK)
-            tl.store(part_row + dist, lo_s + carry, mask=(dist >= 0) & (dist < W))
-            carry = hi_s
-    return dq, carry
+def _delta_dq_diagonal(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta,
+                       dps, acc_ds, m0, L, W, qk_scale, BLOCK: tl.constexpr, PREC: tl.constexpr):
+    # The diagonal tile comes last: Delta is complete once its p dp is added, so its ds is exact (as on the
+    # ds path) and goes into dq directly. Rows of the first query block have all their keys here.
+    offs_n = m0 + tl.arange(0, BLOCK)
+    k = _load_rows(k_base, offs_n, skl, skd, offs_d, L)
+    v = _load_rows(v_base, offs_n, svl, svd, offs_d, L)
+    p, dp = _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale, True, True, PREC)
+    delta += tl.sum(p * dp, 1)
+    dps += tl.sum(dp, 1).to(tl.float64)
+    ds = p * (dp - delta[:, None])
+    ds = tl.where(offs_m[:, None] == 0, 0.0, ds)     # row 0: ds = 0 exactly (see _dkdv_tile)
+    acc_ds = tl.dot(ds.to(k.dtype), k, acc_ds, input_precision=PREC)
+    return delta, dps, acc_ds
 
 
 @triton.jit
 def _bwd_block(Q, DO, Tau, LSE, sqb, sqh, sql, sqd, sdob, sdoh, sdol, sdod, stau, H, L,
                DH: tl.constexpr, BLOCK: tl.constexpr):
-    """How the Delta and dq kernels both start: this program's query block (pid_m, head h, batch b), its
-    rows, and their q, dO, lse2 and c = tau / (i + 1)."""
+    """How the Delta kernel starts: this program's query block (pid_m, head h, batch b), its rows, and their
+    q, dO, lse2 and c = tau / (i + 1)."""
     pid_m, h, b, m0, offs_m, offs_d = _query_block(BLOCK, DH)
     rows = offs_m < L
     bh = b * H + h
@@ -241,14 +222,15 @@ def _bwd_block(Q, DO, Tau, LSE, sqb, sqh, sql, sqd, sdob, sdoh, sdol, sdod, stau
 
 
 @triton.jit
-def _lazy_bwd_delta_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, TauPart, DQ,
+def _lazy_bwd_delta_kernel(Q, K, V, DO, O, Bias, Tau, LSE, Delta, TauPart, DQ,
                            sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
-                           sdob, sdoh, sdol, sdod, sdqb, sdqh, sdql, sdqd, sbh, sbw, stau, H, L, W, qk_scale, scale,
+                           sdob, sdoh, sdol, sdod, sob, soh, sol, sod, sdqb, sdqh, sdql, sdqd,
+                           sbh, sbw, stau, H, L, W, qk_scale, scale,
                            DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_OUT: tl.constexpr,
                            PREC: tl.constexpr):
     # Delta_i = sum_j p dp over the key blocks of one query block, from float32 p and dp, and this block's
-    # share of dtau = sum_i 1/(i+1) sum_j dp. With DQ_OUT also dq, from two more GEMMs in the same pass
-    # (sum_j p dp k_j and sum_j p k_j, combined once Delta is known); without it DQ is not touched.
+    # share of dtau = sum_i 1/(i+1) sum_j dp. With DQ_OUT (BLOCK_N = BLOCK_M) also dq, from two more GEMMs in
+    # the same pass (see _delta_range); without it O and DQ are not touched.
     pid_m, h, b, bh, m0, offs_m, offs_d, rows, q, g, lse2, c = _bwd_block(
         Q, DO, Tau, LSE, sqb, sqh, sql, sqd, sdob, sdoh, sdol, sdod, stau, H, L, DH, BLOCK_M)
     k_base = K + b * skb + h * skh
@@ -262,70 +244,32 @@ def _lazy_bwd_delta_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, TauPart, DQ,
     # dtau often cancels to much less than its terms: its row sums are carried in float64 (a BLOCK-vector
     # per tile, next to nothing), which keeps it well inside the float32 floor's bound
     dps = tl.zeros([BLOCK_M], tl.float64)
-    acc_pdp = tl.zeros([BLOCK_M, DH], tl.float32)
+    acc_ds = tl.zeros([BLOCK_M, DH], tl.float32)
     acc_p = tl.zeros([BLOCK_M, DH], tl.float32)
-    delta, dps, acc_pdp, acc_p = _delta_range(
+    delta_est = tl.zeros([BLOCK_M], tl.float32)
+    if DQ_OUT:
+        # g . o, FlashAttention's Delta, is Delta + c g . (sum of the kept v): close to Delta where c is small
+        o = _load_rows(O + b * sob + h * soh, offs_m, sol, sod, offs_d, L)
+        delta_est = tl.sum(g.to(tl.float32) * o.to(tl.float32), 1)
+    delta, dps, acc_ds, acc_p = _delta_range(
         q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta, dps,
-        acc_pdp, acc_p, 0, bias_d, L, W, qk_scale, BLOCK_N, False, False, DQ_OUT, PREC)
-    delta, dps, acc_pdp, acc_p = _delta_range(
+        delta_est, acc_ds, acc_p, 0, bias_d, L, W, qk_scale, BLOCK_N, False, False, DQ_OUT, PREC)
+    delta, dps, acc_ds, acc_p = _delta_range(
         q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta, dps,
-        acc_pdp, acc_p, bias_d, diag_d, L, W, qk_scale, BLOCK_N, True, False, DQ_OUT, PREC)
-    delta, dps, acc_pdp, acc_p = _delta_range(
-        q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta, dps,
-        acc_pdp, acc_p, diag_d, hi, L, W, qk_scale, BLOCK_N, True, True, DQ_OUT, PREC)
+        delta_est, acc_ds, acc_p, bias_d, diag_d, L, W, qk_scale, BLOCK_N, True, False, DQ_OUT, PREC)
+    if DQ_OUT:
+        delta, dps, acc_ds = _delta_dq_diagonal(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m,
+                                                offs_d, lse2, c, delta, dps, acc_ds, m0, L, W, qk_scale, BLOCK_M, PREC)
+        dq = acc_ds - (delta - delta_est)[:, None] * acc_p
+        tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdql + offs_d[None, :] * sdqd,
+                 (dq * scale).to(DQ.dtype.element_ty), mask=rows[:, None])
+    else:
+        delta, dps, acc_ds, acc_p = _delta_range(
+            q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta, dps,
+            delta_est, acc_ds, acc_p, diag_d, hi, L, W, qk_scale, BLOCK_N, True, True, False, PREC)
     tl.store(Delta + bh * L + offs_m, delta, mask=rows)
     inv = 1.0 / (offs_m + 1).to(tl.float64)
     tl.store(TauPart + (b * tl.num_programs(0) + pid_m) * H + h, tl.sum(tl.where(rows, dps * inv, 0.0), 0).to(tl.float32))
-    if DQ_OUT:
-        # row 0 has one key (p = 1, ds = 0 exactly): its dq is zero, not the rounding noise of the difference
-        dq = tl.where(offs_m[:, None] == 0, 0.0, acc_pdp - delta[:, None] * acc_p)
-        tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdql + offs_d[None, :] * sdqd,
-                 (dq * scale).to(DQ.dtype.element_ty), mask=rows[:, None])
-
-
-@triton.jit
-def _lazy_bwd_dq_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DQ, Part,
-                        sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
-                        sdob, sdoh, sdol, sdod, sdqb, sdqh, sdql, sdqd,
-                        sbh, sbw, stau, H, L, W, qk_scale, scale,
-                        DH: tl.constexpr, BLOCK: tl.constexpr, BLOCK_F: tl.constexpr, PREC: tl.constexpr):
-    # One pass over the key blocks of one query block, after the Delta kernel (Delta_i = sum_j p dp; not
-    # g_i . o_i, rows of e need not sum to one): dq and a partial row of dbias.
-    # BLOCK: query rows, and the key block wherever the bias table or the diagonal is met (the dbias
-    # diagonal sums need square tiles); BLOCK_F: key block far from the diagonal (distance >= W: no
-    # dbias, no mask, any tile shape).
-    pid_m, h, b, bh, m0, offs_m, offs_d, rows, q, g, lse2, c = _bwd_block(
-        Q, DO, Tau, LSE, sqb, sqh, sql, sqd, sdob, sdoh, sdol, sdod, stau, H, L, DH, BLOCK)
-    k_base = K + b * skb + h * skh
-    v_base = V + b * svb + h * svh
-    bias_row = Bias + h * sbh
-    # partial row of this (batch, query block, head): W dbias entries
-    n_m = tl.num_programs(0)
-    part_row = Part + ((b * n_m + pid_m) * H + h) * W
-
-    hi = tl.minimum(m0 + BLOCK, L)
-    first_bias = tl.maximum(m0 - W + 1, 0)          # keys below: distance >= W for every row of the block
-    # far range in BLOCK_F blocks up to a multiple of both BLOCK_F and BLOCK (powers of two), then
-    # square BLOCK tiles from there to the diagonal
-    bias_lo = (((first_bias // BLOCK_F) * BLOCK_F) // BLOCK) * BLOCK
-    diag_lo = m0
-    delta = tl.load(Delta + bh * L + offs_m, mask=rows, other=0.0)
-
-    dq = tl.zeros([BLOCK, DH], tl.float32)
-    carry = tl.zeros([BLOCK], tl.float32)
-    dq, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
-                          delta, c, dq, carry, part_row, m0, 0, bias_lo, L, W, qk_scale,
-                               BLOCK_F, False, False, PREC)
-    dq, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
-                          delta, c, dq, carry, part_row, m0, bias_lo, diag_lo, L, W, qk_scale,
-                               BLOCK, True, False, PREC)
-    dq, carry = _dq_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2,
-                          delta, c, dq, carry, part_row, m0, diag_lo, hi, L, W, qk_scale,
-                               BLOCK, True, True, PREC)
-    # the last tile is the diagonal one (n0 = m0): its upper part, left in carry, lies at distances < 0
-
-    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdql + offs_d[None, :] * sdqd,
-             (dq * scale).to(DQ.dtype.element_ty), mask=rows[:, None])
 
 
 @triton.jit
@@ -353,7 +297,9 @@ def _dkdv_tile(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base
     dpT = tl.where(keep, tl.dot(v, tl.trans(g), input_precision=PREC), 0.0)
     dsT = pT * (dpT - delta[None, :])
     if CAUSAL:
-        dsT = tl.where(offs_m[None, :] == 0, 0.0, dsT)   # row 0: ds = 0 exactly (see _dq_range)
+        # row 0 has one key: p = 1 and ds = 0 exactly; rounding of p would leave noise where the true
+        # gradient is exactly zero (all of dq, dk and dbias when L = 1)
+        dsT = tl.where(offs_m[None, :] == 0, 0.0, dsT)
     dsT16 = dsT.to(q.dtype)
     dk = tl.dot(dsT16, q, dk, input_precision=PREC)
     return dk, dv, dsT, dsT16

@@ -12,7 +12,6 @@ from .kernels import (
     _lazy_bwd_delta_kernel,
     _lazy_bwd_dkdv_kernel,
     _lazy_bwd_dq_ds_kernel,
-    _lazy_bwd_dq_kernel,
     _lazy_bwd_reduce_kernel,
     _lazy_fwd_kernel,
     _lazy_fwd_lse_kernel,
@@ -53,14 +52,15 @@ def _interpreted() -> bool:
 
 
 def config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
-    """Block sizes and launch options of ``kernel`` ("lse", "fwd", "delta", "dq", "dkdv") for head dim ``dh``."""
+    """Block sizes and launch options of ``kernel`` ("lse", "fwd", "delta", "delta_dq", "dkdv", "dkdv_ds",
+    "dq_ds") for head dim ``dh``."""
     if _interpreted():
         if kernel in INTERPRET_OVERRIDES:
             return dict(INTERPRET_OVERRIDES[kernel])
         b = INTERPRET_BLOCK
         return {"lse": {"BLOCK_M": b, "BLOCK_L": b}, "fwd": {"BLOCK_M": b, "BLOCK_N": b},
                 "delta": {"BLOCK_M": b, "BLOCK_N": b}, "delta_dq": {"BLOCK_M": b, "BLOCK_N": b},
-                "dq": {"BLOCK": b, "BLOCK_F": b}, "dkdv": {"BLOCK_M": b, "BLOCK_N": b},
+                "dkdv": {"BLOCK_M": b, "BLOCK_N": b},
                 "dkdv_ds": {"BLOCK_M": b, "BLOCK_N": 2 * b}, "dq_ds": {"BLOCK_M": b}}[kernel]
     return gpu_config(kernel, dh, dtype)
 
@@ -75,7 +75,6 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
                 "fwd": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
                 "delta": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
                 "delta_dq": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
-                "dq": {"BLOCK": 32, "BLOCK_F": 32, "num_warps": 4, "num_stages": 1},
                 "dkdv": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
                 "dkdv_ds": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
                 "dq_ds": {"BLOCK_M": 32, "num_warps": 4, "num_stages": 2}}[kernel]
@@ -115,16 +114,14 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
                 "fwd": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
                 "delta": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
                 "delta_dq": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-                "dq": {"BLOCK": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
-                "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
+                "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
                 "dkdv_ds": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
                 "dq_ds": {"BLOCK_M": 64, "num_warps": 4, "num_stages": 3}}[kernel]
     return {"lse": {"BLOCK_M": 64, "BLOCK_L": 64, "num_warps": 4, "num_stages": 3},
             "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
             "delta": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
             "delta_dq": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
-            "dq": {"BLOCK": 64, "BLOCK_F": 64, "num_warps": 4, "num_stages": 3},
-            "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 1},
+            "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
             "dkdv_ds": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
             "dq_ds": {"BLOCK_M": 64, "num_warps": 4, "num_stages": 3}}[kernel]
 
@@ -174,10 +171,11 @@ def lazy_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor,
     return o, lse
 
 
-def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
-                  scale: float, ds_budget: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, o: Tensor,
+                  do: Tensor, scale: float,
+                  ds_budget: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv (input dtype), dbias [H,W] and dtau [H] (float32), all computed by the kernels; the ds
-    path where ds fits ``ds_budget`` bytes (None: DS_BUDGET_BYTES)."""
+    path where ds fits ``ds_budget`` bytes (None: DS_BUDGET_BYTES), else the fused path."""
     B, H, L, DH = q.shape
     W = bias.shape[1]
     dev = q.device
@@ -190,7 +188,7 @@ def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, ls
         tau_part = launch_delta(q, k, v, bias, tau, lse, do, scale, delta)
         part = launch_ds_path(q, k, v, bias, tau, lse, do, scale, delta, dq, dk, dv)
     else:
-        part, tau_part = launch_fused_path(q, k, v, bias, tau, lse, do, scale, delta, dq, dk, dv)
+        part, tau_part = launch_fused_path(q, k, v, bias, tau, lse, do, o, scale, delta, dq, dk, dv)
 
     dbias = torch.zeros((H, W), dtype=torch.float32, device=dev)
     dtau = torch.zeros((H,), dtype=torch.float32, device=dev)
@@ -201,39 +199,27 @@ def lazy_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, ls
 
 
 def launch_delta(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
-                 scale: float, delta: Tensor, dq: Tensor | None = None) -> Tensor:
-    """Runs the Delta kernel: delta [B, H, L] = sum_j p dp, float32, and dq where given ("delta_dq" tiles);
-    returns the dtau shares [B * n_m, H]."""
+                 scale: float, delta: Tensor, o: Tensor | None = None, dq: Tensor | None = None) -> Tensor:
+    """Runs the Delta kernel: delta [B, H, L] = sum_j p dp, float32, and dq where given (with the forward's
+    output o; "delta_dq" tiles); returns the dtau shares [B * n_m, H]."""
     B, H, L, DH = q.shape
     W = bias.shape[1]
     with_dq = dq is not None
+    if with_dq and o is None:
+        raise ValueError("the Delta kernel's dq takes the forward's output: o must be given with dq")
     cd = config("delta_dq" if with_dq else "delta", DH, q.dtype)
+    if with_dq and cd["BLOCK_N"] != cd["BLOCK_M"]:
+        raise ValueError(f"delta_dq tiles must be square (its diagonal tile is one key block); got {cd}")
     n_m = triton.cdiv(L, cd["BLOCK_M"])
     tau_part = torch.empty((B * n_m, H), dtype=torch.float32, device=q.device)
-    dq_in = dq if with_dq else q   # without DQ_OUT the kernel never touches DQ
+    # without DQ_OUT the kernel never touches O and DQ: any tensors of their dtype do
+    o_in, dq_in = (o, dq) if with_dq else (q, q)
     _lazy_bwd_delta_kernel[(n_m, H, B)](
-        q, k, v, do, bias, tau, lse, delta, tau_part, dq_in, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
-        *dq_in.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E, scale,
-        DH=DH, BLOCK_M=cd["BLOCK_M"], BLOCK_N=cd["BLOCK_N"], DQ_OUT=with_dq, PREC=_precision(q.dtype),
-        **_launch_opts(cd))
+        q, k, v, do, o_in, bias, tau, lse, delta, tau_part, dq_in, *q.stride(), *k.stride(), *v.stride(),
+        *do.stride(), *o_in.stride(), *dq_in.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W,
+        scale * LOG2E, scale, DH=DH, BLOCK_M=cd["BLOCK_M"], BLOCK_N=cd["BLOCK_N"], DQ_OUT=with_dq,
+        PREC=_precision(q.dtype), **_launch_opts(cd))
     return tau_part
-
-
-def launch_dq(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
-              scale: float, delta: Tensor, dq: Tensor) -> Tensor:
-    """Runs the dq kernel (reads delta, writes dq); returns the dbias partial rows [B * n_m, H, W]."""
-    B, H, L, DH = q.shape
-    W = bias.shape[1]
-    cq = config("dq", DH, q.dtype)
-    n_m = triton.cdiv(L, cq["BLOCK"])
-    # one partial row of W dbias sums per (batch, query block, head)
-    part = torch.zeros((B * n_m, H, W), dtype=torch.float32, device=q.device)
-    _lazy_bwd_dq_kernel[(n_m, H, B)](
-        q, k, v, do, bias, tau, lse, delta, dq, part, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
-        *dq.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E, scale,
-        DH=DH, BLOCK=cq["BLOCK"], BLOCK_F=cq["BLOCK_F"], PREC=_precision(q.dtype),
-        **_launch_opts(cq))
-    return part
 
 
 def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
@@ -265,10 +251,11 @@ def dkdv_part(q: Tensor, bias: Tensor, tiles: str) -> Tensor:
 
 
 def launch_fused_path(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse: Tensor, do: Tensor,
-                      scale: float, delta: Tensor, dq: Tensor, dk: Tensor, dv: Tensor) -> tuple[Tensor, Tensor]:
+                      o: Tensor, scale: float, delta: Tensor, dq: Tensor, dk: Tensor,
+                      dv: Tensor) -> tuple[Tensor, Tensor]:
     """Delta, the dtau shares and dq in one pass over p and dp; then dk, dv and the dbias partial rows in a
     second. Returns (dbias partial rows [B * n_n, H, W], dtau shares [B * n_m, H])."""
-    tau_part = launch_delta(q, k, v, bias, tau, lse, do, scale, delta, dq)
+    tau_part = launch_delta(q, k, v, bias, tau, lse, do, scale, delta, o, dq)
     part = dkdv_part(q, bias, "dkdv")
     launch_dkdv(q, k, v, bias, tau, lse, do, scale, delta, dk, dv, part=part)
     return part, tau_part
@@ -308,15 +295,16 @@ class LazyAttentionFn(torch.autograd.Function):
                 ds_budget: int | None) -> Tensor:
         o, lse = lazy_forward(q, k, v, bias, tau, scale)
         if any(ctx.needs_input_grad[:5]):
-            ctx.save_for_backward(q, k, v, bias, tau, lse)
+            ctx.save_for_backward(q, k, v, bias, tau, lse, o)
         ctx.scale = scale
         ctx.ds_budget = ds_budget
         return o
 
     @staticmethod
     def backward(ctx, do: Tensor):
-        q, k, v, bias, tau, lse = ctx.saved_tensors
-        dq, dk, dv, dbias, dtau = lazy_backward(q, k, v, bias, tau, lse, do.to(q.dtype), ctx.scale, ctx.ds_budget)
+        q, k, v, bias, tau, lse, o = ctx.saved_tensors
+        dq, dk, dv, dbias, dtau = lazy_backward(q, k, v, bias, tau, lse, o, do.to(q.dtype), ctx.scale,
+                                                ctx.ds_budget)
         return dq, dk, dv, dbias, dtau, None, None
 
 
