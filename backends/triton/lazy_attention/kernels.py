@@ -168,7 +168,7 @@ def _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale,
 
 @triton.jit
 def _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta, dps,
-                 delta_est, acc_ds, acc_p, lo, hi, L, W, qk_scale,
+                 delta_est, psum, acc_ds, acc_p, lo, hi, L, W, qk_scale,
                  BLOCK: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, DQ: tl.constexpr,
                  PREC: tl.constexpr):
     for n0 in range(lo, hi, BLOCK):
@@ -176,29 +176,33 @@ def _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m
         k = _load_rows(k_base, offs_n, skl, skd, offs_d, L)
         v = _load_rows(v_base, offs_n, svl, svd, offs_d, L)
         p, dp = _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale, BIAS, CAUSAL, PREC)
-        pdp = p * dp
-        delta += tl.sum(pdp, 1)
         dps += tl.sum(dp, 1).to(tl.float64)
         if DQ:
             # sum_j p (dp - Delta) k_j = sum_j p (dp - est) k_j - (Delta - est) sum_j p k_j for any est: neither
             # sum needs Delta, so dq comes out of the pass that finds it. est close to Delta keeps the second
-            # term (and the rounding of p to the dot's dtype in it) small.
-            acc_ds = tl.dot((pdp - p * delta_est[:, None]).to(k.dtype), k, acc_ds, input_precision=PREC)
+            # term (and the rounding of p to the dot's dtype in it) small. delta collects sum p (dp - est)
+            # here (Delta = delta + est * psum), which lets dp go before the dots.
+            x = p * (dp - delta_est[:, None])
+            delta += tl.sum(x, 1)
+            psum += tl.sum(p, 1)
+            acc_ds = tl.dot(x.to(k.dtype), k, acc_ds, input_precision=PREC)
             acc_p = tl.dot(p.to(k.dtype), k, acc_p, input_precision=PREC)
-    return delta, dps, acc_ds, acc_p
+        else:
+            delta += tl.sum(p * dp, 1)
+    return delta, dps, psum, acc_ds, acc_p
 
 
 @triton.jit
 def _delta_dq_diagonal(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta,
-                       dps, acc_ds, m0, L, W, qk_scale, BLOCK: tl.constexpr, PREC: tl.constexpr):
+                       dps, delta_est, psum, acc_ds, m0, L, W, qk_scale, BLOCK: tl.constexpr, PREC: tl.constexpr):
     # The diagonal tile comes last: Delta is complete once its p dp is added, so its ds is exact (as on the
     # ds path) and goes into dq directly. Rows of the first query block have all their keys here.
     offs_n = m0 + tl.arange(0, BLOCK)
     k = _load_rows(k_base, offs_n, skl, skd, offs_d, L)
     v = _load_rows(v_base, offs_n, svl, svd, offs_d, L)
     p, dp = _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale, True, True, PREC)
-    delta += tl.sum(p * dp, 1)
     dps += tl.sum(dp, 1).to(tl.float64)
+    delta = delta + delta_est * psum + tl.sum(p * dp, 1)
     ds = p * (dp - delta[:, None])
     ds = tl.where(offs_m[:, None] == 0, 0.0, ds)     # row 0: ds = 0 exactly (see _dkdv_tile)
     acc_ds = tl.dot(ds.to(k.dtype), k, acc_ds, input_precision=PREC)
@@ -229,8 +233,8 @@ def _lazy_bwd_delta_kernel(Q, K, V, DO, O, Bias, Tau, LSE, Delta, TauPart, DQ,
                            DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_OUT: tl.constexpr,
                            PREC: tl.constexpr):
     # Delta_i = sum_j p dp over the key blocks of one query block, from float32 p and dp, and this block's
-    # share of dtau = sum_i 1/(i+1) sum_j dp. With DQ_OUT (BLOCK_N = BLOCK_M) also dq, from two more GEMMs in
-    # the same pass (see _delta_range); without it O and DQ are not touched.
+    # share of dtau = sum_i 1/(i+1) sum_j dp. With DQ_OUT (BLOCK_M a multiple of BLOCK_N) also dq, from two
+    # more GEMMs in the same pass (see _delta_range); without it O and DQ are not touched.
     pid_m, h, b, bh, m0, offs_m, offs_d, rows, q, g, lse2, c = _bwd_block(
         Q, DO, Tau, LSE, sqb, sqh, sql, sqd, sdob, sdoh, sdol, sdod, stau, H, L, DH, BLOCK_M)
     k_base = K + b * skb + h * skh
@@ -247,26 +251,28 @@ def _lazy_bwd_delta_kernel(Q, K, V, DO, O, Bias, Tau, LSE, Delta, TauPart, DQ,
     acc_ds = tl.zeros([BLOCK_M, DH], tl.float32)
     acc_p = tl.zeros([BLOCK_M, DH], tl.float32)
     delta_est = tl.zeros([BLOCK_M], tl.float32)
+    psum = tl.zeros([BLOCK_M], tl.float32)
     if DQ_OUT:
         # g . o, FlashAttention's Delta, is Delta + c g . (sum of the kept v): close to Delta where c is small
         o = _load_rows(O + b * sob + h * soh, offs_m, sol, sod, offs_d, L)
         delta_est = tl.sum(g.to(tl.float32) * o.to(tl.float32), 1)
-    delta, dps, acc_ds, acc_p = _delta_range(
+    delta, dps, psum, acc_ds, acc_p = _delta_range(
         q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta, dps,
-        delta_est, acc_ds, acc_p, 0, bias_d, L, W, qk_scale, BLOCK_N, False, False, DQ_OUT, PREC)
-    delta, dps, acc_ds, acc_p = _delta_range(
+        delta_est, psum, acc_ds, acc_p, 0, bias_d, L, W, qk_scale, BLOCK_N, False, False, DQ_OUT, PREC)
+    delta, dps, psum, acc_ds, acc_p = _delta_range(
         q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta, dps,
-        delta_est, acc_ds, acc_p, bias_d, diag_d, L, W, qk_scale, BLOCK_N, True, False, DQ_OUT, PREC)
+        delta_est, psum, acc_ds, acc_p, bias_d, diag_d, L, W, qk_scale, BLOCK_N, True, False, DQ_OUT, PREC)
     if DQ_OUT:
         delta, dps, acc_ds = _delta_dq_diagonal(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m,
-                                                offs_d, lse2, c, delta, dps, acc_ds, m0, L, W, qk_scale, BLOCK_M, PREC)
+                                                offs_d, lse2, c, delta, dps, delta_est, psum, acc_ds, m0, L, W,
+                                                qk_scale, BLOCK_M, PREC)
         dq = acc_ds - (delta - delta_est)[:, None] * acc_p
         tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdql + offs_d[None, :] * sdqd,
                  (dq * scale).to(DQ.dtype.element_ty), mask=rows[:, None])
     else:
-        delta, dps, acc_ds, acc_p = _delta_range(
+        delta, dps, psum, acc_ds, acc_p = _delta_range(
             q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta, dps,
-            delta_est, acc_ds, acc_p, diag_d, hi, L, W, qk_scale, BLOCK_N, True, True, False, PREC)
+            delta_est, psum, acc_ds, acc_p, diag_d, hi, L, W, qk_scale, BLOCK_N, True, True, False, PREC)
     tl.store(Delta + bh * L + offs_m, delta, mask=rows)
     inv = 1.0 / (offs_m + 1).to(tl.float64)
     tl.store(TauPart + (b * tl.num_programs(0) + pid_m) * H + h, tl.sum(tl.where(rows, dps * inv, 0.0), 0).to(tl.float32))

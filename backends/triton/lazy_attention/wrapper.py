@@ -208,8 +208,9 @@ def launch_delta(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse
     if with_dq and o is None:
         raise ValueError("the Delta kernel's dq takes the forward's output: o must be given with dq")
     cd = config("delta_dq" if with_dq else "delta", DH, q.dtype)
-    if with_dq and cd["BLOCK_N"] != cd["BLOCK_M"]:
-        raise ValueError(f"delta_dq tiles must be square (its diagonal tile is one key block); got {cd}")
+    if with_dq and cd["BLOCK_M"] % cd["BLOCK_N"]:
+        raise ValueError(f"delta_dq BLOCK_M must be a multiple of BLOCK_N (its diagonal tile is BLOCK_M keys); "
+                         f"got {cd}")
     n_m = triton.cdiv(L, cd["BLOCK_M"])
     tau_part = torch.empty((B * n_m, H), dtype=torch.float32, device=q.device)
     # without DQ_OUT the kernel never touches O and DQ: any tensors of their dtype do
