@@ -35,6 +35,7 @@ SCRIPT = textwrap.dedent("""
     from harness.backends.triton.lazy_attention import wrapper
     from harness.backends.triton.lazy_attention.wrapper import lazy_attention_triton
     wrapper.DS_BUDGET_BYTES = int(sys.argv[2])
+    wrapper.INTERPRET_OVERRIDES.update(json.loads(sys.argv[3]))
 
     def make(shape, layout, dtype, gen):
         B, H, L, Dh = shape
@@ -70,15 +71,19 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-# the two backward paths: dq from the stored ds (the default), and the dq kernel that recomputes p and dp
-# (taken where ds would exceed DS_BUDGET_BYTES)
-BUDGETS = {"ds": 1 << 40, "recompute": 0}
+# the two backward paths: dq from the stored ds (the default where ds fits), and the fused path (dq from the
+# Delta pass; taken where ds would exceed DS_BUDGET_BYTES), the latter also with query blocks of two key blocks
+# (the Delta pass's diagonal tile spans both) and dk/dv key blocks of two query blocks
+BUDGETS = {"ds": 1 << 40, "fused": 0, "fused-mixed-blocks": 0}
+OVERRIDES = {"fused-mixed-blocks": {"delta_dq": {"BLOCK_M": 32, "BLOCK_N": 16},
+                                    "dkdv": {"BLOCK_M": 16, "BLOCK_N": 32}}}
 
 
 @pytest.fixture(scope="module", params=list(BUDGETS))
 def results(request) -> dict[str, dict]:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(CASES), str(BUDGETS[request.param])],
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(CASES), str(BUDGETS[request.param]),
+                           json.dumps(OVERRIDES.get(request.param, {}))],
                           cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
