@@ -357,8 +357,9 @@ SPEC = register_operator(OperatorSpec(
     strategy=strategy,
     cost_model=cost_model,
     bench_cases=bench_cases,
-    # issue 4: bf16, B=4, H=16, L=4096, Dh=128, W=512, against SDPA (causal flash) on the same shapes
-    perf_targets=(PerfTarget("triton", "fwd_bwd_ms", 2.5, versus="sdpa", label="fwd+bwd / SDPA"),),
+    # issue 30: bf16, B=4, H=16, L=4096, Dh=128, W=512, against SDPA (causal) on the same shapes. Its 2.5x for
+    # a backward without L*L memory is what this backend is now (one backend since the ds path went)
+    perf_targets=(PerfTarget("triton", "fwd_bwd_ms", 2.0, versus="sdpa", label="fwd+bwd / SDPA"),),
     doc="causal attention with Elastic-Softmax: relu(softmax(qk^T*scale + bias) + tau/(i+1)) v, "
         "per-head relative bias [H,W] and offset tau [H] (specs/lazy_attention.md)",
 ))

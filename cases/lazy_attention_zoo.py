@@ -21,11 +21,12 @@ GRADS = ("dq", "dk", "dv", "dbias", "dtau")
 register_mutant(Mutant(
     id="lazy-do-head-stride", operator="lazy_attention", backend="triton",
     seed="lazy-attention-multihead-gradient-fix.md",
-    description="dO addressed with q's head stride in the Delta, dq and dk/dv kernels (both backward paths)",
-    edits=tuple(("wrapper.py", f"lse, delta, {outs}*q.stride(), *k.stride(), *v.stride(), *do.stride(),",
-                 f"lse, delta, {outs}*q.stride(), *k.stride(), *v.stride(), "
-                 "do.stride(0), q.stride(1), do.stride(2), do.stride(3),")
-                for outs in ("tau_part, ", "dq, part, ", "dk, dv, ds_in, part_in, ")),
+    description="dO addressed with q's head stride in the Delta+dq and dk/dv kernels",
+    edits=(("wrapper.py", "*do.stride(), *o.stride(),", "do.stride(0), q.stride(1), do.stride(2), do.stride(3), "
+            "*o.stride(),"),
+           ("wrapper.py", "dk, dv, part, *q.stride(), *k.stride(), *v.stride(), *do.stride(),",
+            "dk, dv, part, *q.stride(), *k.stride(), *v.stride(), do.stride(0), q.stride(1), do.stride(2), "
+            "do.stride(3),")),
     expect=(Expectation(CASE, "float32", fail=GRADS, passing=("o",), hint="stride",
                         where={c: {"head": "all-but-first"} for c in GRADS}),),
 ))
@@ -41,10 +42,12 @@ register_mutant(Mutant(
 register_mutant(Mutant(
     id="lazy-dq-last-key-block", operator="lazy_attention", backend="triton",
     seed="mhc-triton-backward-bugfix-log.md",
-    description="the dq GEMM over the stored ds keeps only the last key block (accumulator not carried)",
-    edits=(("kernels.py", "dq = tl.dot(ds, k, dq, input_precision=PREC)", "dq = tl.dot(ds, k, input_precision=PREC)"),),
-    # under the interpreter key blocks are 32 wide: rows 0-31 have one key block, row 32 (query block 2) two;
-    # on the GPU (64-wide blocks) the wrong rows are no block of their own: no structure to name (H100)
+    description="the Delta kernel's dq GEMM keeps only the last key block below the diagonal (accumulator not "
+                "carried)",
+    edits=(("kernels.py", "acc_ds = tl.dot(x.to(k.dtype), k, acc_ds, input_precision=PREC)",
+            "acc_ds = tl.dot(x.to(k.dtype), k, input_precision=PREC)"),),
+    # under the interpreter blocks are 16 wide: rows 0-31 have at most one key block below their diagonal tile,
+    # row 32 (query block 2) two; on the GPU (64-row query blocks) the wrong rows are no block of their own
     expect=(Expectation(CASE, "float32", fail=("dq",), passing=("o", "dk", "dv", "dbias", "dtau"), hint="tail|none",
                         where={"dq": {"position": "last"}}),),
 ))

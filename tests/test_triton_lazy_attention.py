@@ -34,8 +34,7 @@ SCRIPT = textwrap.dedent("""
     from harness.references.lazy_attention import lazy_attention
     from harness.backends.triton.lazy_attention import wrapper
     from harness.backends.triton.lazy_attention.wrapper import lazy_attention_triton
-    wrapper.DS_BUDGET_BYTES = int(sys.argv[2])
-    wrapper.INTERPRET_OVERRIDES.update(json.loads(sys.argv[3]))
+    wrapper.INTERPRET_OVERRIDES.update(json.loads(sys.argv[2]))
 
     def make(shape, layout, dtype, gen):
         B, H, L, Dh = shape
@@ -71,21 +70,16 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-# the two backward paths: dq from the stored ds (the default where ds fits), and the fused path (dq from the
-# Delta pass; taken where ds would exceed DS_BUDGET_BYTES), the latter also with query blocks of two key blocks
-# (the Delta pass's diagonal tile spans both) and dk/dv key blocks of two query blocks
-BUDGETS = {"ds": 1 << 40, "fused": 0, "fused-mixed-blocks": 0}
-OVERRIDES = {"fused-mixed-blocks": {"delta_dq": {"BLOCK_M": 32, "BLOCK_N": 16},
-                                    "dkdv": {"BLOCK_M": 16, "BLOCK_N": 32}}}
+# the interpreter's tiles (16 everywhere), and query blocks of two key blocks in the Delta+dq kernel (its
+# diagonal tile spans both) with key blocks of two query blocks in the dk/dv kernel
+TILES = {"square": {}, "mixed": {"delta": {"BLOCK_M": 32, "BLOCK_N": 16}, "dkdv": {"BLOCK_M": 16, "BLOCK_N": 32}}}
 
 
-@pytest.fixture(scope="module", params=list(BUDGETS))
+@pytest.fixture(scope="module", params=list(TILES))
 def results(request) -> dict[str, dict]:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(CASES), str(BUDGETS[request.param]),
-                           json.dumps(OVERRIDES.get(request.param, {}))],
-                          cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(CASES), json.dumps(TILES[request.param])],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return {r["name"]: r for r in rows}
@@ -108,29 +102,13 @@ def test_every_head_matches_reference(results: dict, case: tuple) -> None:
     assert not bad, f"{name}: per-head relative errors above tolerance: {bad}"
 
 
-def test_ds_budget_is_checked(monkeypatch) -> None:
+def test_tile_shapes_are_checked(monkeypatch) -> None:
     import torch
     from harness.backends.triton.lazy_attention import wrapper
 
-    q = torch.zeros(1, 1, 4, 16)
-    bias, tau = torch.zeros(1, 3), torch.zeros(1)
-    for bad in (-1, 1.5, True, "2G"):
-        with pytest.raises(ValueError, match="ds_budget must be a byte count"):
-            wrapper.lazy_attention_triton(q, q, q, bias, tau, ds_budget=bad)
-    monkeypatch.setenv("LAZY_ATTENTION_DS_BUDGET", "2G")
-    with pytest.raises(ValueError, match="LAZY_ATTENTION_DS_BUDGET must be a byte count"):
-        wrapper._budget_from_env("LAZY_ATTENTION_DS_BUDGET", 0)
-    monkeypatch.setenv("LAZY_ATTENTION_DS_BUDGET", "1024")
-    assert wrapper._budget_from_env("LAZY_ATTENTION_DS_BUDGET", 0) == 1024
-
-
-def test_ds_bytes_counts_the_strips() -> None:
-    import torch
-    from harness.backends.triton.lazy_attention import wrapper
-
-    # strips of BLOCK_N keys x the queries from each key block on, summed directly
-    for L in (1, 17, 33, 100):
-        q = torch.zeros(2, 3, L, 16, dtype=torch.float16)
-        bn = wrapper.config("dkdv_ds", 16, q.dtype)["BLOCK_N"]
-        rows = sum(L - n0 for n0 in range(0, L, bn))
-        assert wrapper.ds_bytes(q) == 2 * 3 * bn * rows * 2, L
+    for kernel, bad, match in (("delta", {"BLOCK_M": 16, "BLOCK_N": 32}, "delta BLOCK_M must be a multiple"),
+                               ("dkdv", {"BLOCK_M": 16, "BLOCK_N": 64}, "dkdv BLOCK_N must be BLOCK_M or 2")):
+        assert wrapper.checked_config(kernel, 128, torch.bfloat16) == wrapper.gpu_config(kernel, 128, torch.bfloat16)
+        monkeypatch.setitem(wrapper.OVERRIDES, kernel, bad)
+        with pytest.raises(ValueError, match=match):
+            wrapper.checked_config(kernel, 128, torch.bfloat16)

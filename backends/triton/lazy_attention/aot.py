@@ -49,21 +49,14 @@ def aot_targets() -> list[dict]:
     for dtype, dh in combos:
         tag = f"{str(dtype).replace('torch.', '')}-dh{dh}"
         prec = "ieee" if dtype == torch.float32 else "tf32"
-        ls, f, dl, dd, kv, kd, qd = (gpu_config(k, dh, dtype)
-                                     for k in ("lse", "fwd", "delta", "delta_dq", "dkdv", "dkdv_ds", "dq_ds"))
+        ls, f, dl, kv = (gpu_config(k, dh, dtype) for k in ("lse", "fwd", "delta", "dkdv"))
         out.append(_target(f"lse-{tag}", K._lazy_fwd_lse_kernel, dtype,
                            {"DH": dh, "BLOCK_M": ls["BLOCK_M"], "BLOCK_L": ls["BLOCK_L"], "PREC": prec}, ls))
         out.append(_target(f"fwd-{tag}", K._lazy_fwd_kernel, dtype,
                            {"DH": dh, "BLOCK_M": f["BLOCK_M"], "BLOCK_N": f["BLOCK_N"], "PREC": prec}, f))
-        for name, cfg, with_dq in (("delta", dl, False), ("delta_dq", dd, True)):
-            out.append(_target(f"{name}-{tag}", K._lazy_bwd_delta_kernel, dtype,
-                               {"DH": dh, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "DQ_OUT": with_dq,
-                                "PREC": prec}, cfg))
-        for name, cfg, store in (("dkdv", kv, False), ("dkdv_ds", kd, True)):
-            out.append(_target(f"{name}-{tag}", K._lazy_bwd_dkdv_kernel, dtype,
-                               {"DH": dh, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "STORE_DS": store,
-                                "DBIAS": True, "PREC": prec}, cfg))
-        out.append(_target(f"dq_ds-{tag}", K._lazy_bwd_dq_ds_kernel, dtype,
-                           {"DH": dh, "BLOCK_M": qd["BLOCK_M"], "BLOCK_N": kd["BLOCK_N"], "PREC": prec}, qd))
+        out.append(_target(f"delta-{tag}", K._lazy_bwd_delta_kernel, dtype,
+                           {"DH": dh, "BLOCK_M": dl["BLOCK_M"], "BLOCK_N": dl["BLOCK_N"], "PREC": prec}, dl))
+        out.append(_target(f"dkdv-{tag}", K._lazy_bwd_dkdv_kernel, dtype,
+                           {"DH": dh, "BLOCK_M": kv["BLOCK_M"], "BLOCK_N": kv["BLOCK_N"], "PREC": prec}, kv))
     out.append(_target("reduce", K._lazy_bwd_reduce_kernel, torch.float32, {"BLOCK_W": REDUCE_BLOCK}))
     return out

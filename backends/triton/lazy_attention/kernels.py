@@ -8,14 +8,12 @@ inside the bias table (gather bias by distance), and on the diagonal (gather + c
 Forward: ``_lazy_fwd_lse_kernel`` (the LSE pass per query block, head and batch), then
 ``_lazy_fwd_kernel`` (the output pass).
 
-Backward: ``_lazy_bwd_delta_kernel`` (per query block, Delta_i = sum_j p dp from float32 p and dp so
-that dbias and dtau keep float32 accuracy with 16-bit inputs, and the query block's share of dtau), then
-either the ds path: ``_lazy_bwd_dkdv_kernel`` with STORE_DS (dk, dv, a partial row of dbias per key
-block, and ds itself, in the input dtype, about B*H*L*L/2 elements) and ``_lazy_bwd_dq_ds_kernel`` (dq as a
-GEMM over the stored ds); or, where ds would exceed the wrapper's memory budget, ``_lazy_bwd_dq_kernel`` (dq
-and a partial row of dbias per query block, recomputing p and dp) and ``_lazy_bwd_dkdv_kernel`` (dk, dv).
-``_lazy_bwd_reduce_kernel`` sums the partial rows (deterministic, one add per output element). Every
-tensor is addressed with its own strides, dO's head stride included.
+Backward: ``_lazy_bwd_delta_kernel`` (per query block: Delta_i = sum_j p dp from float32 p and dp so that
+dbias and dtau keep float32 accuracy with 16-bit inputs, the query block's share of dtau, and dq from two more
+GEMMs in the same pass, see ``_delta_range``), then ``_lazy_bwd_dkdv_kernel`` (per key block: dk, dv and a
+partial row of dbias). ``_lazy_bwd_reduce_kernel`` sums the partial rows (deterministic, one add per output
+element). Nothing of size L*L is stored. Every tensor is addressed with its own strides, dO's head stride
+included.
 
 What the bias costs (H100, bf16, B=4, H=16, L=4096, Dh=128, torch.profiler): W = 512 against W = 1 adds
 about 1.06 ms to fwd+bwd, 0.3 in the forward, 0.59 in dq (0.16 of it the diagonal sums of dbias), 0.13
@@ -169,26 +167,22 @@ def _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale,
 @triton.jit
 def _delta_range(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta, dps,
                  delta_est, psum, acc_ds, acc_p, lo, hi, L, W, qk_scale,
-                 BLOCK: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr, DQ: tl.constexpr,
-                 PREC: tl.constexpr):
+                 BLOCK: tl.constexpr, BIAS: tl.constexpr, PREC: tl.constexpr):
+    # Key blocks below the diagonal tile. sum_j p (dp - Delta) k_j = sum_j p (dp - est) k_j - (Delta - est)
+    # sum_j p k_j for any est: neither sum needs Delta, so dq comes out of the pass that finds it; est close
+    # to Delta keeps the second term (and the rounding of p to the dot's dtype in it) small. delta collects
+    # sum_j p (dp - est) (Delta = delta + est * psum), which lets dp go before the dots.
     for n0 in range(lo, hi, BLOCK):
         offs_n = n0 + tl.arange(0, BLOCK)
         k = _load_rows(k_base, offs_n, skl, skd, offs_d, L)
         v = _load_rows(v_base, offs_n, svl, svd, offs_d, L)
-        p, dp = _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale, BIAS, CAUSAL, PREC)
+        p, dp = _p_dp(q, g, k, v, offs_m, offs_n, bias_row, sbw, W, lse2, c, qk_scale, BIAS, False, PREC)
         dps += tl.sum(dp, 1).to(tl.float64)
-        if DQ:
-            # sum_j p (dp - Delta) k_j = sum_j p (dp - est) k_j - (Delta - est) sum_j p k_j for any est: neither
-            # sum needs Delta, so dq comes out of the pass that finds it. est close to Delta keeps the second
-            # term (and the rounding of p to the dot's dtype in it) small. delta collects sum p (dp - est)
-            # here (Delta = delta + est * psum), which lets dp go before the dots.
-            x = p * (dp - delta_est[:, None])
-            delta += tl.sum(x, 1)
-            psum += tl.sum(p, 1)
-            acc_ds = tl.dot(x.to(k.dtype), k, acc_ds, input_precision=PREC)
-            acc_p = tl.dot(p.to(k.dtype), k, acc_p, input_precision=PREC)
-        else:
-            delta += tl.sum(p * dp, 1)
+        x = p * (dp - delta_est[:, None])
+        delta += tl.sum(x, 1)
+        psum += tl.sum(p, 1)
+        acc_ds = tl.dot(x.to(k.dtype), k, acc_ds, input_precision=PREC)
+        acc_p = tl.dot(p.to(k.dtype), k, acc_p, input_precision=PREC)
     return delta, dps, psum, acc_ds, acc_p
 
 
@@ -230,49 +224,39 @@ def _lazy_bwd_delta_kernel(Q, K, V, DO, O, Bias, Tau, LSE, Delta, TauPart, DQ,
                            sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
                            sdob, sdoh, sdol, sdod, sob, soh, sol, sod, sdqb, sdqh, sdql, sdqd,
                            sbh, sbw, stau, H, L, W, qk_scale, scale,
-                           DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_OUT: tl.constexpr,
-                           PREC: tl.constexpr):
-    # Delta_i = sum_j p dp over the key blocks of one query block, from float32 p and dp, and this block's
-    # share of dtau = sum_i 1/(i+1) sum_j dp. With DQ_OUT (BLOCK_M a multiple of BLOCK_N) also dq, from two
-    # more GEMMs in the same pass (see _delta_range); without it O and DQ are not touched.
+                           DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    # One pass over the key blocks of one query block: Delta_i = sum_j p dp from float32 p and dp, this block's
+    # share of dtau = sum_i 1/(i+1) sum_j dp, and dq (BLOCK_M a multiple of BLOCK_N; see _delta_range and
+    # _delta_dq_diagonal).
     pid_m, h, b, bh, m0, offs_m, offs_d, rows, q, g, lse2, c = _bwd_block(
         Q, DO, Tau, LSE, sqb, sqh, sql, sqd, sdob, sdoh, sdol, sdod, stau, H, L, DH, BLOCK_M)
     k_base = K + b * skb + h * skh
     v_base = V + b * svb + h * svh
     bias_row = Bias + h * sbh
-    hi = tl.minimum(m0 + BLOCK_M, L)
     first_bias = tl.maximum(m0 - W + 1, 0)          # keys below: distance >= W for every row of the block
     bias_d = (first_bias // BLOCK_N) * BLOCK_N
-    diag_d = (m0 // BLOCK_N) * BLOCK_N
+    # g . o, FlashAttention's Delta, is Delta + c g . (sum of the kept v): close to Delta where c is small
+    o = _load_rows(O + b * sob + h * soh, offs_m, sol, sod, offs_d, L)
+    delta_est = tl.sum(g.to(tl.float32) * o.to(tl.float32), 1)
     delta = tl.zeros([BLOCK_M], tl.float32)
+    psum = tl.zeros([BLOCK_M], tl.float32)
     # dtau often cancels to much less than its terms: its row sums are carried in float64 (a BLOCK-vector
     # per tile, next to nothing), which keeps it well inside the float32 floor's bound
     dps = tl.zeros([BLOCK_M], tl.float64)
     acc_ds = tl.zeros([BLOCK_M, DH], tl.float32)
     acc_p = tl.zeros([BLOCK_M, DH], tl.float32)
-    delta_est = tl.zeros([BLOCK_M], tl.float32)
-    psum = tl.zeros([BLOCK_M], tl.float32)
-    if DQ_OUT:
-        # g . o, FlashAttention's Delta, is Delta + c g . (sum of the kept v): close to Delta where c is small
-        o = _load_rows(O + b * sob + h * soh, offs_m, sol, sod, offs_d, L)
-        delta_est = tl.sum(g.to(tl.float32) * o.to(tl.float32), 1)
     delta, dps, psum, acc_ds, acc_p = _delta_range(
         q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta, dps,
-        delta_est, psum, acc_ds, acc_p, 0, bias_d, L, W, qk_scale, BLOCK_N, False, False, DQ_OUT, PREC)
+        delta_est, psum, acc_ds, acc_p, 0, bias_d, L, W, qk_scale, BLOCK_N, False, PREC)
     delta, dps, psum, acc_ds, acc_p = _delta_range(
         q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta, dps,
-        delta_est, psum, acc_ds, acc_p, bias_d, diag_d, L, W, qk_scale, BLOCK_N, True, False, DQ_OUT, PREC)
-    if DQ_OUT:
-        delta, dps, acc_ds = _delta_dq_diagonal(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m,
-                                                offs_d, lse2, c, delta, dps, delta_est, psum, acc_ds, m0, L, W,
-                                                qk_scale, BLOCK_M, PREC)
-        dq = acc_ds - (delta - delta_est)[:, None] * acc_p
-        tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdql + offs_d[None, :] * sdqd,
-                 (dq * scale).to(DQ.dtype.element_ty), mask=rows[:, None])
-    else:
-        delta, dps, psum, acc_ds, acc_p = _delta_range(
-            q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m, offs_d, lse2, c, delta, dps,
-            delta_est, psum, acc_ds, acc_p, diag_d, hi, L, W, qk_scale, BLOCK_N, True, True, False, PREC)
+        delta_est, psum, acc_ds, acc_p, bias_d, m0, L, W, qk_scale, BLOCK_N, True, PREC)
+    delta, dps, acc_ds = _delta_dq_diagonal(q, g, k_base, skl, skd, v_base, svl, svd, bias_row, sbw, offs_m,
+                                            offs_d, lse2, c, delta, dps, delta_est, psum, acc_ds, m0, L, W,
+                                            qk_scale, BLOCK_M, PREC)
+    dq = acc_ds - (delta - delta_est)[:, None] * acc_p
+    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdql + offs_d[None, :] * sdqd,
+             (dq * scale).to(DQ.dtype.element_ty), mask=rows[:, None])
     tl.store(Delta + bh * L + offs_m, delta, mask=rows)
     inv = 1.0 / (offs_m + 1).to(tl.float64)
     tl.store(TauPart + (b * tl.num_programs(0) + pid_m) * H + h, tl.sum(tl.where(rows, dps * inv, 0.0), 0).to(tl.float32))
@@ -282,8 +266,8 @@ def _lazy_bwd_delta_kernel(Q, K, V, DO, O, Bias, Tau, LSE, Delta, TauPart, DQ,
 def _dkdv_tile(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau, bias_row, sbw,
                offs_m, offs_n, offs_d, dk, dv, L, W, qk_scale,
                BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
-    """One transposed tile (rows keys j, columns queries i) of the dk/dv passes: dk and dv updated, and
-    ds as float32 and rounded to the input dtype (as the dots take it)."""
+    """One transposed tile (rows keys j, columns queries i) of the dk/dv pass: dk and dv updated, and ds
+    (float32, for the dbias sums)."""
     q = _load_rows(q_base, offs_m, sql, sqd, offs_d, L)
     g = _load_rows(do_base, offs_m, sdol, sdod, offs_d, L)
     lse2 = tl.load(lse_base + offs_m, mask=offs_m < L, other=float("inf"))
@@ -306,9 +290,8 @@ def _dkdv_tile(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base
         # row 0 has one key: p = 1 and ds = 0 exactly; rounding of p would leave noise where the true
         # gradient is exactly zero (all of dq, dk and dbias when L = 1)
         dsT = tl.where(offs_m[None, :] == 0, 0.0, dsT)
-    dsT16 = dsT.to(q.dtype)
-    dk = tl.dot(dsT16, q, dk, input_precision=PREC)
-    return dk, dv, dsT, dsT16
+    dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PREC)
+    return dk, dv, dsT
 
 
 @triton.jit
@@ -326,27 +309,16 @@ def _diag_chunks(dsT, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _strip_offset(nj, L, BLOCK_N: tl.constexpr):
-    # ds is kept as one strip per key block nj: queries nj * BLOCK_N .. L-1, each a row of BLOCK_N keys
-    nj = nj + tl.zeros([], tl.int64)   # (a python int in the interpreter's loops)
-    return BLOCK_N * (nj * L - BLOCK_N * (nj * (nj - 1) // 2))
-
-
-@triton.jit
-def _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, ds_strip, tau, bias_row, sbw,
+def _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau, bias_row, sbw,
                 part_row, offs_n, offs_d, dk, dv, ca, cb, n0, lo, hi, L, W, qk_scale,
                 BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr,
-                STORE_DS: tl.constexpr, DBIAS: tl.constexpr, PREC: tl.constexpr):
+                PREC: tl.constexpr):
     for m0 in range(lo, hi, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
-        dk, dv, dsT, dsT16 = _dkdv_tile(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau,
+        dk, dv, dsT = _dkdv_tile(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau,
                                         bias_row, sbw, offs_m, offs_n, offs_d, dk, dv, L, W, qk_scale,
                                         BIAS, CAUSAL, PREC)
-        if STORE_DS:
-            # the tile of ds, for the dq kernel (rounded as the dq dot would round it)
-            tl.store(ds_strip + (offs_m - n0)[None, :] * BLOCK_N + (offs_n - n0)[:, None], dsT16,
-                     mask=(offs_m < L)[None, :])
-        if DBIAS and BIAS:
+        if BIAS:
             # chunk i of this tile lies at distances m0 - n0 - i * BLOCK_M + [0, BLOCK_M); the query
             # block steps by BLOCK_M, so the chunk at m0 - n0 - 2 * BLOCK_M is complete now: stored once
             s0, s1, s2 = _diag_chunks(dsT, BLOCK_N, BLOCK_M)
@@ -358,16 +330,13 @@ def _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_bas
 
 
 @triton.jit
-def _lazy_bwd_dkdv_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, DS, Part,
+def _lazy_bwd_dkdv_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, Part,
                           sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
                           sdob, sdoh, sdol, sdod, sdkb, sdkh, sdkl, sdkd, sdvb, sdvh, sdvl, sdvd,
                           sbh, sbw, stau, H, L, W, qk_scale, scale,
-                          DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_DS: tl.constexpr,
-                          DBIAS: tl.constexpr, PREC: tl.constexpr):
-    # One pass over the query blocks of one key block, after the Delta kernel: dk and dv. With STORE_DS
-    # (the ds path) also a partial row of dbias and ds itself (input dtype) for _lazy_bwd_dq_ds_kernel, so
-    # that dq needs no second pass over p and dp; BLOCK_N is then BLOCK_M or 2 * BLOCK_M (three diagonal
-    # chunks per tile at most). Without it DS and Part are not touched (the dq kernel does dbias).
+                          DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    # One pass over the query blocks of one key block, after the Delta kernel: dk, dv and a partial row of
+    # dbias. BLOCK_N is BLOCK_M or 2 * BLOCK_M (three diagonal chunks per tile at most).
     pid_n = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -383,7 +352,6 @@ def _lazy_bwd_dkdv_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, DS, Part,
     bias_row = Bias + h * sbh
     n_n = tl.num_programs(0)
     part_row = Part + ((b * n_n + pid_n) * H + h) * W
-    ds_strip = DS + bh * _strip_offset(n_n, L, BLOCK_N) + _strip_offset(pid_n, L, BLOCK_N)
 
     m_lo = (n0 // BLOCK_M) * BLOCK_M                                          # first block with i >= n0
     diag_hi = tl.minimum(tl.cdiv(n0 + BLOCK_N, BLOCK_M) * BLOCK_M, L)         # blocks with some i < j
@@ -394,50 +362,26 @@ def _lazy_bwd_dkdv_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, DS, Part,
     cb = tl.zeros([BLOCK_M], tl.float32)
     lse_base = LSE + bh * L
     delta_base = Delta + bh * L
-    dk, dv, ca, cb = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, ds_strip, tau,
+    dk, dv, ca, cb = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau,
                                  bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca, cb, n0, m_lo, diag_hi, L, W,
-                                 qk_scale, BLOCK_N, BLOCK_M, True, True, STORE_DS, DBIAS, PREC)
-    dk, dv, ca, cb = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, ds_strip, tau,
+                                 qk_scale, BLOCK_N, BLOCK_M, True, True, PREC)
+    dk, dv, ca, cb = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau,
                                  bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca, cb, n0, diag_hi, bias_hi, L,
-                                 W, qk_scale, BLOCK_N, BLOCK_M, True, False, STORE_DS, DBIAS, PREC)
-    if DBIAS:
-        # the two chunks still open end at the table's edge: later tiles hold distances >= W only (m_end:
-        # the query block after the last one seen, bias_hi rounded up as the loops step)
-        m_end = m_lo + tl.cdiv(bias_hi - m_lo, BLOCK_M) * BLOCK_M
-        dist = (m_end - n0 - 2 * BLOCK_M) + tl.arange(0, BLOCK_M)
-        tl.store(part_row + dist, ca, mask=(dist >= 0) & (dist < W))
-        tl.store(part_row + dist + BLOCK_M, cb, mask=(dist + BLOCK_M >= 0) & (dist + BLOCK_M < W))
-    dk, dv, ca, cb = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, ds_strip, tau,
+                                 W, qk_scale, BLOCK_N, BLOCK_M, True, False, PREC)
+    # the two chunks still open end at the table's edge: later tiles hold distances >= W only (m_end: the
+    # query block after the last one seen, bias_hi rounded up as the loops step)
+    m_end = m_lo + tl.cdiv(bias_hi - m_lo, BLOCK_M) * BLOCK_M
+    dist = (m_end - n0 - 2 * BLOCK_M) + tl.arange(0, BLOCK_M)
+    tl.store(part_row + dist, ca, mask=(dist >= 0) & (dist < W))
+    tl.store(part_row + dist + BLOCK_M, cb, mask=(dist + BLOCK_M >= 0) & (dist + BLOCK_M < W))
+    dk, dv, ca, cb = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau,
                                  bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca, cb, n0, bias_hi, L, L, W,
-                                 qk_scale, BLOCK_N, BLOCK_M, False, False, STORE_DS, DBIAS, PREC)
+                                 qk_scale, BLOCK_N, BLOCK_M, False, False, PREC)
     cols = offs_n[:, None] < L
     tl.store(DK + b * sdkb + h * sdkh + offs_n[:, None] * sdkl + offs_d[None, :] * sdkd,
              (dk * scale).to(DK.dtype.element_ty), mask=cols)
     tl.store(DV + b * sdvb + h * sdvh + offs_n[:, None] * sdvl + offs_d[None, :] * sdvd,
              dv.to(DV.dtype.element_ty), mask=cols)
-
-
-@triton.jit
-def _lazy_bwd_dq_ds_kernel(K, DS, DQ, skb, skh, skl, skd, sdqb, sdqh, sdql, sdqd, H, L, scale,
-                           DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
-    # dq = scale * sum_j ds[i, j] k_j from the ds strips of _lazy_bwd_dkdv_kernel (same BLOCK_N): a
-    # streaming GEMM over the key blocks up to the diagonal, each tile BLOCK_M contiguous rows of a strip
-    pid_m, h, b, m0, offs_m, offs_d = _query_block(BLOCK_M, DH)
-    offs_j = tl.arange(0, BLOCK_N)
-    rows = offs_m < L
-    bh = b * H + h
-    k_base = K + b * skb + h * skh
-    ds_base = DS + bh * _strip_offset(tl.cdiv(L, BLOCK_N), L, BLOCK_N)
-    dq = tl.zeros([BLOCK_M, DH], tl.float32)
-    # key blocks nj with nj * BLOCK_N <= m0 (BLOCK_N is a multiple of BLOCK_M): every row is in the strip
-    for nj in range(0, m0 // BLOCK_N + 1):
-        n0 = nj * BLOCK_N
-        ds = tl.load(ds_base + _strip_offset(nj, L, BLOCK_N) + (offs_m - n0)[:, None] * BLOCK_N + offs_j[None, :],
-                     mask=rows[:, None], other=0.0)
-        k = _load_rows(k_base, n0 + offs_j, skl, skd, offs_d, L)
-        dq = tl.dot(ds, k, dq, input_precision=PREC)
-    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdql + offs_d[None, :] * sdqd,
-             (dq * scale).to(DQ.dtype.element_ty), mask=rows[:, None])
 
 
 @triton.jit
