@@ -57,6 +57,7 @@ def aot_targets() -> list[dict]:
         out.append(_target(f"delta-{tag}", K._lazy_bwd_delta_kernel, dtype,
                            {"DH": dh, "BLOCK_M": dl["BLOCK_M"], "BLOCK_N": dl["BLOCK_N"], "PREC": prec}, dl))
         out.append(_target(f"dkdv-{tag}", K._lazy_bwd_dkdv_kernel, dtype,
-                           {"DH": dh, "BLOCK_M": kv["BLOCK_M"], "BLOCK_N": kv["BLOCK_N"], "PREC": prec}, kv))
+                           {"DH": dh, "BLOCK_M": kv["BLOCK_M"], "BLOCK_N": kv["BLOCK_N"], "SPAN": kv.get("SPAN", 0),
+                            "PREC": prec}, kv))
     out.append(_target("reduce", K._lazy_bwd_reduce_kernel, torch.float32, {"BLOCK_W": REDUCE_BLOCK}))
     return out

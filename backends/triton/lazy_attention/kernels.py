@@ -309,23 +309,47 @@ def _diag_chunks(dsT, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _dkdv_step(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau, bias_row, sbw,
+               part_row, offs_n, offs_d, dk, dv, ca, cb, n0, m0, L, W, qk_scale,
+               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr,
+               PREC: tl.constexpr):
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    dk, dv, dsT = _dkdv_tile(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau,
+                             bias_row, sbw, offs_m, offs_n, offs_d, dk, dv, L, W, qk_scale, BIAS, CAUSAL, PREC)
+    if BIAS:
+        # chunk i of this tile lies at distances m0 - n0 - i * BLOCK_M + [0, BLOCK_M); the query
+        # block steps by BLOCK_M, so the chunk at m0 - n0 - 2 * BLOCK_M is complete now: stored once
+        s0, s1, s2 = _diag_chunks(dsT, BLOCK_N, BLOCK_M)
+        dist = (m0 - n0 - 2 * BLOCK_M) + tl.arange(0, BLOCK_M)
+        tl.store(part_row + dist, ca + s2, mask=(dist >= 0) & (dist < W))
+        ca = cb + s1
+        cb = s0
+    return dk, dv, ca, cb
+
+
+@triton.jit
 def _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau, bias_row, sbw,
                 part_row, offs_n, offs_d, dk, dv, ca, cb, n0, lo, hi, L, W, qk_scale,
                 BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BIAS: tl.constexpr, CAUSAL: tl.constexpr,
-                PREC: tl.constexpr):
-    for m0 in range(lo, hi, BLOCK_M):
-        offs_m = m0 + tl.arange(0, BLOCK_M)
-        dk, dv, dsT = _dkdv_tile(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau,
-                                        bias_row, sbw, offs_m, offs_n, offs_d, dk, dv, L, W, qk_scale,
-                                        BIAS, CAUSAL, PREC)
-        if BIAS:
-            # chunk i of this tile lies at distances m0 - n0 - i * BLOCK_M + [0, BLOCK_M); the query
-            # block steps by BLOCK_M, so the chunk at m0 - n0 - 2 * BLOCK_M is complete now: stored once
-            s0, s1, s2 = _diag_chunks(dsT, BLOCK_N, BLOCK_M)
-            dist = (m0 - n0 - 2 * BLOCK_M) + tl.arange(0, BLOCK_M)
-            tl.store(part_row + dist, ca + s2, mask=(dist >= 0) & (dist < W))
-            ca = cb + s1
-            cb = s0
+                SPAN: tl.constexpr, PREC: tl.constexpr):
+    if SPAN > 0:
+        # dk and dv summed over SPAN query blocks at a time, then into the totals: a key near the start has
+        # L terms, and one running float32 sum of them was 2.25x the float32 floor's rms error in dv (L=4096,
+        # H100 sweep at bcd7cf0). For float32 inputs; 16-bit ones have no registers to spare for it.
+        for s0 in range(lo, hi, SPAN * BLOCK_M):
+            dk_s = tl.zeros_like(dk)
+            dv_s = tl.zeros_like(dv)
+            for m0 in range(s0, tl.minimum(s0 + SPAN * BLOCK_M, hi), BLOCK_M):
+                dk_s, dv_s, ca, cb = _dkdv_step(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base,
+                                                tau, bias_row, sbw, part_row, offs_n, offs_d, dk_s, dv_s, ca, cb,
+                                                n0, m0, L, W, qk_scale, BLOCK_N, BLOCK_M, BIAS, CAUSAL, PREC)
+            dk += dk_s
+            dv += dv_s
+    else:
+        for m0 in range(lo, hi, BLOCK_M):
+            dk, dv, ca, cb = _dkdv_step(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau,
+                                        bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca, cb, n0, m0, L, W,
+                                        qk_scale, BLOCK_N, BLOCK_M, BIAS, CAUSAL, PREC)
     return dk, dv, ca, cb
 
 
@@ -334,9 +358,10 @@ def _lazy_bwd_dkdv_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, Part,
                           sqb, sqh, sql, sqd, skb, skh, skl, skd, svb, svh, svl, svd,
                           sdob, sdoh, sdol, sdod, sdkb, sdkh, sdkl, sdkd, sdvb, sdvh, sdvl, sdvd,
                           sbh, sbw, stau, H, L, W, qk_scale, scale,
-                          DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+                          DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPAN: tl.constexpr,
+                          PREC: tl.constexpr):
     # One pass over the query blocks of one key block, after the Delta kernel: dk, dv and a partial row of
-    # dbias. BLOCK_N is BLOCK_M or 2 * BLOCK_M (three diagonal chunks per tile at most).
+    # dbias. BLOCK_N is BLOCK_M or 2 * BLOCK_M (three diagonal chunks per tile at most); SPAN: see _dkdv_range.
     pid_n = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -364,10 +389,10 @@ def _lazy_bwd_dkdv_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, Part,
     delta_base = Delta + bh * L
     dk, dv, ca, cb = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau,
                                  bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca, cb, n0, m_lo, diag_hi, L, W,
-                                 qk_scale, BLOCK_N, BLOCK_M, True, True, PREC)
+                                 qk_scale, BLOCK_N, BLOCK_M, True, True, SPAN, PREC)
     dk, dv, ca, cb = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau,
                                  bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca, cb, n0, diag_hi, bias_hi, L,
-                                 W, qk_scale, BLOCK_N, BLOCK_M, True, False, PREC)
+                                 W, qk_scale, BLOCK_N, BLOCK_M, True, False, SPAN, PREC)
     # the two chunks still open end at the table's edge: later tiles hold distances >= W only (m_end: the
     # query block after the last one seen, bias_hi rounded up as the loops step)
     m_end = m_lo + tl.cdiv(bias_hi - m_lo, BLOCK_M) * BLOCK_M
@@ -376,7 +401,7 @@ def _lazy_bwd_dkdv_kernel(Q, K, V, DO, Bias, Tau, LSE, Delta, DK, DV, Part,
     tl.store(part_row + dist + BLOCK_M, cb, mask=(dist + BLOCK_M >= 0) & (dist + BLOCK_M < W))
     dk, dv, ca, cb = _dkdv_range(k, v, q_base, sql, sqd, do_base, sdol, sdod, lse_base, delta_base, tau,
                                  bias_row, sbw, part_row, offs_n, offs_d, dk, dv, ca, cb, n0, bias_hi, L, L, W,
-                                 qk_scale, BLOCK_N, BLOCK_M, False, False, PREC)
+                                 qk_scale, BLOCK_N, BLOCK_M, False, False, SPAN, PREC)
     cols = offs_n[:, None] < L
     tl.store(DK + b * sdkb + h * sdkh + offs_n[:, None] * sdkl + offs_d[None, :] * sdkd,
              (dk * scale).to(DK.dtype.element_ty), mask=cols)

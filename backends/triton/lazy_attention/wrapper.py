@@ -39,7 +39,8 @@ def config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
             return dict(INTERPRET_OVERRIDES[kernel])
         b = INTERPRET_BLOCK
         return {"lse": {"BLOCK_M": b, "BLOCK_L": b}, "fwd": {"BLOCK_M": b, "BLOCK_N": b},
-                "delta": {"BLOCK_M": b, "BLOCK_N": b}, "dkdv": {"BLOCK_M": b, "BLOCK_N": b}}[kernel]
+                "delta": {"BLOCK_M": b, "BLOCK_N": b},
+                "dkdv": {"BLOCK_M": b, "BLOCK_N": b, "SPAN": 2 if dtype == torch.float32 else 0}}[kernel]
     return gpu_config(kernel, dh, dtype)
 
 
@@ -52,7 +53,8 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
         return {"lse": {"BLOCK_M": 32, "BLOCK_L": 32, "num_warps": 4, "num_stages": 1},
                 "fwd": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
                 "delta": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
-                "dkdv": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}}[kernel]
+                # dk/dv summed per 16 query blocks first (kernels._dkdv_range)
+                "dkdv": {"BLOCK_M": 32, "BLOCK_N": 32, "SPAN": 16, "num_warps": 4, "num_stages": 1}}[kernel]
     # 16-bit inputs (Hopper, wgmma), B=4, H=16, L=4096, W=512.
     # Forward (H200 sweep, then H100): the LSE pass as a kernel of its own, 64x64 tiles, 4 warps, 3 stages
     #   1.61 ms (forward) vs 1.71 for a one-kernel forward; 128x64 with 8 warps 1.64; 128-key blocks 1.80-1.85.
@@ -183,8 +185,8 @@ def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse:
     _lazy_bwd_dkdv_kernel[(n_n, H, B)](
         q, k, v, do, bias, tau, lse, delta, dk, dv, part, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
         *dk.stride(), *dv.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W,
-        scale * LOG2E, scale, DH=DH, BLOCK_M=ckv["BLOCK_M"], BLOCK_N=ckv["BLOCK_N"], PREC=_precision(q.dtype),
-        **_launch_opts(ckv))
+        scale * LOG2E, scale, DH=DH, BLOCK_M=ckv["BLOCK_M"], BLOCK_N=ckv["BLOCK_N"], SPAN=ckv.get("SPAN", 0),
+        PREC=_precision(q.dtype), **_launch_opts(ckv))
     return part
 
 
