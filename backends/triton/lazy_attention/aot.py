@@ -33,7 +33,7 @@ def _signature(fn, dtype: torch.dtype, constexprs: dict) -> dict:
 
 
 def _target(name: str, fn, dtype: torch.dtype, constexprs: dict, cfg: dict | None = None) -> dict:
-    opts = {k: v for k, v in (cfg or {}).items() if k in ("num_warps", "num_stages")}
+    opts = {k: v for k, v in (cfg or {}).items() if k in ("num_warps", "num_stages", "maxnreg")}
     return {"name": name, "kernel": fn, "signature": _signature(fn, dtype, constexprs),
             "constexprs": constexprs, "options": opts}
 

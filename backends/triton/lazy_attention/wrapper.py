@@ -58,8 +58,11 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
     # 16-bit inputs (Hopper, wgmma), B=4, H=16, L=4096, W=512.
     # Forward (H200 sweep, then H100): the LSE pass as a kernel of its own, 64x64 tiles, 4 warps, 3 stages
     #   1.61 ms (forward) vs 1.71 for a one-kernel forward; 128x64 with 8 warps 1.64; 128-key blocks 1.80-1.85.
-    #   The output kernel: 128x64, 8 warps, 2 stages (3 stages 1.64, 128x128 1.70; 4-warp 64-row tiles
-    #   2.15-2.26). Dh=64: 64x64 tiles with 4 warps 1.26 vs 1.54 for 128x64.
+    #   The output kernel (H100, forward with the LSE pass, .ci/lazy-ab at f49d8c7): 64x64 tiles, 4 warps,
+    #   1 stage, at most 168 registers (3 programs an SM) 1.32 ms; 152 registers 1.33; 2 stages 1.41; 128x32
+    #   with 8 warps at 128 registers 1.34-1.35; 128x64 at 128 registers 1.37-1.38, 112 1.78, 96 2.23; without
+    #   a register cap 128x64 with 8 warps, 2 stages 1.62 (206 registers: one program an SM), 64x64 with 4
+    #   warps, 3 stages 1.65. Dh=64: 0.98 vs 1.21 for 64x64 tiles, 3 stages, no cap.
     # Backward (H100, each kernel alone, .ci/lazy-ab at a8b6d1f), Dh=128, ms:
     #   Delta+dq 64x32 (queries x keys), 4 warps, 3 stages 1.49; 2 stages 1.55; 1 stage 1.72; 64x64 1.72-1.85;
     #     128x32 with 8 warps 1.68. All at 255 registers; ptxas spills least at 32-key blocks.
@@ -69,11 +72,11 @@ def gpu_config(kernel: str, dh: int, dtype: torch.dtype) -> dict:
     #   4 warps, 1 stage 1.28 (32x64 1.31, 64x128 with 8 warps 1.49). Dh=16/32 take the Dh=64 settings.
     if dh <= 64:
         return {"lse": {"BLOCK_M": 64, "BLOCK_L": 128, "num_warps": 4, "num_stages": 3},
-                "fwd": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+                "fwd": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "maxnreg": 168},
                 "delta": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
                 "dkdv": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1}}[kernel]
     return {"lse": {"BLOCK_M": 64, "BLOCK_L": 64, "num_warps": 4, "num_stages": 3},
-            "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+            "fwd": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "maxnreg": 168},
             "delta": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
             "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1}}[kernel]
 
@@ -112,7 +115,7 @@ def _check(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor) -> None:
 
 
 def _launch_opts(cfg: dict) -> dict:
-    return {k: cfg[k] for k in ("num_warps", "num_stages") if k in cfg}
+    return {k: cfg[k] for k in ("num_warps", "num_stages", "maxnreg") if k in cfg}
 
 
 def lazy_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor,
