@@ -15,11 +15,11 @@ partial row of dbias). ``_lazy_bwd_reduce_kernel`` sums the partial rows (determ
 element). Nothing of size L*L is stored. Every tensor is addressed with its own strides, dO's head stride
 included.
 
-What the bias costs (H100, bf16, B=4, H=16, L=4096, Dh=128, torch.profiler): W = 512 against W = 1 adds
-about 1.06 ms to fwd+bwd, 0.3 in the forward, 0.59 in dq (0.16 of it the diagonal sums of dbias), 0.13
-in dk/dv and 0.07 in Delta. Reading it from a Toeplitz table (contiguous loads from L2, pipelined)
-instead of the gather made the forward 0.05 ms faster and the backward 0.35 ms slower (branch
-lazy-bias-table).
+What the bias cost (H100, bf16, B=4, H=16, L=4096, Dh=128, torch.profiler, on the kernels from before dq
+moved into the Delta pass): W = 512 against W = 1 added about 1.06 ms to fwd+bwd, 0.3 in the forward, 0.59
+in the dq kernel of then (0.16 of it the diagonal sums of dbias), 0.13 in dk/dv and 0.07 in Delta.
+Reading it from a Toeplitz table (contiguous loads from L2, pipelined) instead of the gather made the
+forward 0.05 ms faster and the backward 0.35 ms slower (branch lazy-bias-table).
 """
 
 import triton
