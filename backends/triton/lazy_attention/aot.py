@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import kernels as K
-from .wrapper import REDUCE_BLOCK, gpu_config
+from .wrapper import REDUCE_BLOCK, gpu_config, launch_opts
 
 _PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 _FLOATS = ("qk_scale", "scale")
@@ -33,9 +33,8 @@ def _signature(fn, dtype: torch.dtype, constexprs: dict) -> dict:
 
 
 def _target(name: str, fn, dtype: torch.dtype, constexprs: dict, cfg: dict | None = None) -> dict:
-    opts = {k: v for k, v in (cfg or {}).items() if k in ("num_warps", "num_stages", "maxnreg")}
     return {"name": name, "kernel": fn, "signature": _signature(fn, dtype, constexprs),
-            "constexprs": constexprs, "options": opts}
+            "constexprs": constexprs, "options": launch_opts(cfg or {})}
 
 
 def aot_targets() -> list[dict]:

@@ -114,7 +114,7 @@ def _check(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor) -> None:
         raise ValueError(f"bias and tau must be float32; got {bias.dtype}, {tau.dtype}")
 
 
-def _launch_opts(cfg: dict) -> dict:
+def launch_opts(cfg: dict) -> dict:
     return {k: cfg[k] for k in ("num_warps", "num_stages", "maxnreg") if k in cfg}
 
 
@@ -128,12 +128,12 @@ def lazy_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor,
     cl = config("lse", DH, q.dtype)
     _lazy_fwd_lse_kernel[(triton.cdiv(L, cl["BLOCK_M"]), H, B)](
         q, k, bias, lse, *q.stride(), *k.stride(), bias.stride(0), bias.stride(1), H, L, W, scale * LOG2E,
-        DH=DH, BLOCK_M=cl["BLOCK_M"], BLOCK_L=cl["BLOCK_L"], PREC=_precision(q.dtype), **_launch_opts(cl))
+        DH=DH, BLOCK_M=cl["BLOCK_M"], BLOCK_L=cl["BLOCK_L"], PREC=_precision(q.dtype), **launch_opts(cl))
     cfg = config("fwd", DH, q.dtype)
     _lazy_fwd_kernel[(triton.cdiv(L, cfg["BLOCK_M"]), H, B)](
         q, k, v, bias, tau, lse, o, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         bias.stride(0), bias.stride(1), tau.stride(0), H, L, W, scale * LOG2E,
-        DH=DH, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], PREC=_precision(q.dtype), **_launch_opts(cfg))
+        DH=DH, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], PREC=_precision(q.dtype), **launch_opts(cfg))
     return o, lse
 
 
@@ -171,7 +171,7 @@ def launch_delta(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse
         q, k, v, do, o, bias, tau, lse, delta, tau_part, dq, *q.stride(), *k.stride(), *v.stride(),
         *do.stride(), *o.stride(), *dq.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W,
         scale * LOG2E, scale, DH=DH, BLOCK_M=cd["BLOCK_M"], BLOCK_N=cd["BLOCK_N"], PREC=_precision(q.dtype),
-        **_launch_opts(cd))
+        **launch_opts(cd))
     return tau_part
 
 
@@ -189,7 +189,7 @@ def launch_dkdv(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, tau: Tensor, lse:
         q, k, v, do, bias, tau, lse, delta, dk, dv, part, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
         *dk.stride(), *dv.stride(), bias.stride(0), bias.stride(1), tau.stride(0), H, L, W,
         scale * LOG2E, scale, DH=DH, BLOCK_M=ckv["BLOCK_M"], BLOCK_N=ckv["BLOCK_N"], SPAN=ckv.get("SPAN", 0),
-        PREC=_precision(q.dtype), **_launch_opts(ckv))
+        PREC=_precision(q.dtype), **launch_opts(ckv))
     return part
 
 
