@@ -17,8 +17,8 @@ _LOAD = "if MODE == 1 or MODE == 3:\n        acc = tl.load(acc_ptr + offs, mask=
 
 register_mutant(Mutant(
     id="xent-lean-dhidden-half-accum", operator="fused_linear_xent", backend="triton-lean",
-    edits=(("wrapper.py", "acc = torch.empty(h.shape, dtype=F32, device=h.device) if n_slabs > 1 else None",
-            "acc = torch.empty(h.shape, dtype=h.dtype, device=h.device) if n_slabs > 1 else None"),
+    # (the case's inputs are float16: the accumulator then takes the input dtype)
+    edits=(("wrapper.py", "DH_ACC = F32", "DH_ACC = torch.float16"),
            # the running sum is read back into the float32 dot (which compiles for float32 accumulators only)
            # and stored in the input dtype again: one rounding per slab
            ("kernels.py", _LOAD, _LOAD + ".to(tl.float32)")),

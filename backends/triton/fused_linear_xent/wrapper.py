@@ -34,6 +34,7 @@ from . import kernels as K
 Tensor = torch.Tensor
 F32 = torch.float32
 REDUCTIONS = ("mean", "sum", "none")
+DH_ACC = F32  # the lean backward's dhidden sum over vocabulary slabs (specs/xent.md: float32)
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ INTERPRETER = Config(chunk=16, slab=256, vblock=128, rows=16, logits=Gemm(16, 12
 # chunk: 4096 tokens of float16 logit offsets take the memory that 2048 of float32 logits took, and
 # halve the float32 dweight read-modify-write passes (dweight was 18.6 ms of 49.5 in fast mode's
 # fwd+bwd, N=8192, H=4096, V=128256 on an H100, at 2048 tokens of float32 logits).
-GPU = Config(chunk=4096, slab=8192, vblock=128, rows=8, logits=Gemm(128, 128, 64, 16, 8, 4, ksplit=4),
+GPU = Config(chunk=4096, slab=4096, vblock=128, rows=8, logits=Gemm(128, 128, 64, 16, 8, 4, ksplit=4),
              dw=Gemm(128, 256, 64, 8, 8, 4), dh=Gemm(128, 256, 64, 16), dzg=Gemm(128, 256, 64, 8),
              ldw=Gemm(128, 256, 64, 1), ldh=Gemm(128, 256, 64, 8), dw_small=Gemm(256, 128, 64, 1, 8, 3),
              z16=True, dz_warps=1, rblocks=16, hdw=Gemm(128, 256, 64, 8, 8, 4), cublas=True)
@@ -415,50 +416,127 @@ def _chunks(h, W, b, y, o: _Opts, cfg: Config, lse, lt, gr: _Grad | None = None,
     return dw, db
 
 
-def _lean_backward(h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Config):
-    (T, H), V, g = h.shape, W.shape[0], cfg.dzg
+@dataclass(frozen=True)
+class _LeanStep:
+    """One vocabulary slab of the lean backward: its logits recomputed into dZ, then dhidden's share
+    (``dh``: dZ @ W_slab into the float32 accumulator, and the slab's dbias) and/or its dweight rows (``dw``)."""
+
+    v0: int
+    s: int
+    dh: bool
+    dw: bool
+
+
+def _accumulator_row(T: int, H: int, V: int, esz: int) -> int:
+    """The first of dweight's last rows (``esz``-byte elements) that can hold the lean backward's float32 [T, H]
+    dhidden accumulator, 16-byte aligned for the copy engine and cuBLAS; 0 where dweight is too short."""
+    t0 = V - -(-T * DH_ACC.itemsize // esz)
+    while t0 > 0 and (t0 * H * esz) % 16:
+        t0 -= 1
+    return max(t0, 0)
+
+
+def _dh_accumulator(dw: Tensor, T: int) -> tuple[Tensor, int]:
+    """The float32 [T, H] dhidden accumulator of the lean backward, and the first dweight row it borrows.
+
+    It lives in dweight's last rows, which the backward writes last (_lean_steps), so that it costs no memory
+    of its own (0.13 GB at N=8192, H=4096: the lean target of 1.2 GB leaves 83 MB beside the gradients).
+    Where dweight is too short to hold it, it is a buffer of its own and the first row returned is V."""
+    V, H = dw.shape
+    t0 = _accumulator_row(T, H, V, dw.element_size())
+    if t0 == 0:
+        return torch.empty((T, H), dtype=DH_ACC, device=dw.device), V
+    return dw.view(-1)[t0 * H:t0 * H + T * H * DH_ACC.itemsize // dw.element_size()].view(DH_ACC).view(T, H), t0
+
+
+def _lean_steps(V: int, S: int, t0: int) -> list[_LeanStep]:
+    """The slabs of the lean backward in order. The accumulator's rows [t0, V) of dweight go first, for dhidden
+    only; every other slab does both; after the last dhidden share (which casts the accumulator into dhidden)
+    the accumulator's slabs come back for their dweight rows, their logits recomputed: (V - t0) / V of one
+    more logits pass buys the accumulator's memory."""
+    head = [_LeanStep(v, min(S, t0 - v), True, True) for v in range(0, t0, S)]
+    tail = [(v, min(S, V - v)) for v in range(t0, V, S)]
+    return [_LeanStep(v, s, True, False) for v, s in tail] + head + [_LeanStep(v, s, False, True) for v, s in tail]
+
+
+def lean_extra_bytes(T: int, H: int, V: int, dtype: torch.dtype, cfg: Config, bias: bool = True) -> int:
+    """Bytes the lean backward allocates beside dhidden, dweight and dbias: the dZ slab, the dbias partials
+    and their float32 sum, and the accumulator where dweight cannot hold it."""
     S = min(cfg.slab, V)
-    n_slabs = triton.cdiv(V, S)
+    esz = dtype.itemsize
+    extra = T * S * esz
+    if bias:
+        extra += (triton.cdiv(T, cfg.dzg.BM) * S + V) * 4
+    if V > S and _accumulator_row(T, H, V, esz) == 0:
+        extra += T * H * DH_ACC.itemsize
+    return extra
+
+
+def _lean_backward(h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Config):
+    T, V, g = h.shape[0], W.shape[0], cfg.dzg
+    S = min(cfg.slab, V)
     cublas = cfg.cublas and h.is_cuda and h.dtype == torch.bfloat16
     if cublas:  # as in _held_backward: g / D into dZ, so that the GEMMs need no scale
         gr = dataclasses.replace(gr, fold=False)
     dz = torch.empty((T, S), dtype=h.dtype, device=h.device)
     dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
     dw = torch.empty(W.shape, dtype=W.dtype, device=W.device)
-    acc = torch.empty(h.shape, dtype=F32, device=h.device) if n_slabs > 1 else None
-    dbp = torch.empty((triton.cdiv(T, g.BM), V), dtype=F32, device=h.device) if b is not None else None
-    ptrs, strides, flags = gr.dz_args(0)
-    for i, v0 in enumerate(range(0, V, S)):
-        s = min(S, V - v0)
+    acc, t0 = _dh_accumulator(dw, T) if V > S else (None, V)
+    steps = _lean_steps(V, S, t0)
+    dh_steps = [i for i, st in enumerate(steps) if st.dh]
+    # the slab's dbias partials (one float32 row per token block) and their sums
+    dbp = torch.empty((triton.cdiv(T, g.BM), S), dtype=F32, device=h.device) if b is not None else None
+    db32 = torch.empty((V,), dtype=F32, device=h.device) if b is not None else None
+    for i, st in enumerate(steps):
+        v0, s = st.v0, st.s
         Ws = W[v0:v0 + s]
-        bs = b[v0:v0 + s] if b is not None else None
-        dbs = dbp[:, v0:] if dbp is not None else None
-        (ha, wa), tma = _tma_args((h, [g.BM, g.BK]), (Ws, [g.BN, g.BK]))
-        _launch(K._dz_gemm_kernel, _grid(T, s, g), g, ha, wa, _or(bs, dz), y, lse, *ptrs, dz,
-                _or(dbs, dz), T, s, H, v0, h.stride(0), h.stride(1), Ws.stride(0), Ws.stride(1), _s0(bs), y.stride(0),
-                *strides, dz.stride(0), _s0(dbs), *o.row_args(V), HAS_BIAS=b is not None,
-                SOFTCAP=o.cap is not None, EVEN_K=H % g.BK == 0, PREC=PREC, TMA=tma, **flags)
-        if cublas:
-            _lean_cublas(dz[:, :s], h, Ws, dw[v0:v0 + s], acc, dh, first=i == 0, last=i == n_slabs - 1)
-            continue
-        _dw(dz, h, None, dw[v0:v0 + s], gr, 2, cfg.ldw)
-        mode = 2 if n_slabs == 1 else 0 if i == 0 else 3 if i == n_slabs - 1 else 1
-        _dh(dz, Ws, acc, dh if mode >= 2 else None, gr, mode, cfg.ldh)
-    return dh, dw, _dbias(dbp, b, gr)
+        _dz_slab(h, Ws, b[v0:v0 + s] if b is not None else None, y, lse, dz, dbp, v0, V, gr, o, g)
+        if st.dw:
+            _lean_dw(dz[:, :s], h, dw[v0:v0 + s], gr, cfg, cublas)
+        if st.dh:
+            if b is not None:
+                _colsum(dbp[:, :s], dbp.shape[0], db32[v0:v0 + s], accumulate=False)
+            _lean_dh(dz[:, :s], Ws, acc, dh, gr, cfg, cublas, first=i == dh_steps[0], last=i == dh_steps[-1])
+    return dh, dw, _cast(db32, b.dtype, gr) if b is not None else None
 
 
-def _lean_cublas(dz, h, Ws, dw_slab, acc, dh, first: bool, last: bool) -> None:
-    """One vocabulary slab of the lean backward on cuBLAS (bf16 on a GPU): the dweight slab in one GEMM over
-    all tokens, reduced in float32; dhidden accumulated in the float32 ``acc`` by the GEMM's own epilogue
-    (addmm, beta 0 for the first slab), cast once after the last (acc None: one slab, straight into dh)."""
-    with _float32_reductions():
-        torch.mm(dz.t(), h, out=dw_slab)
-        if acc is None:
-            torch.mm(dz, Ws, out=dh)
-            return
-        torch.addmm(acc, dz, Ws, out_dtype=F32, beta=0.0 if first else 1.0, out=acc)
-    if last:
-        dh.copy_(acc)
+def _dz_slab(h, Ws, bs, y, lse, dz, dbp, v0: int, V: int, gr: _Grad, o: _Opts, g: Gemm) -> None:
+    """The logits of vocabulary entries [v0, v0 + s) for all tokens, turned into dZ (the first s columns of
+    ``dz``); with a bias, the slab's dbias partials into ``dbp``."""
+    T, H = h.shape
+    s = Ws.shape[0]
+    ptrs, strides, flags = gr.dz_args(0)
+    (ha, wa), tma = _tma_args((h, [g.BM, g.BK]), (Ws, [g.BN, g.BK]))
+    _launch(K._dz_gemm_kernel, _grid(T, s, g), g, ha, wa, _or(bs, dz), y, lse, *ptrs, dz, _or(dbp, dz),
+            T, s, H, v0, h.stride(0), h.stride(1), Ws.stride(0), Ws.stride(1), _s0(bs), y.stride(0), *strides,
+            dz.stride(0), _s0(dbp), *o.row_args(V), HAS_BIAS=bs is not None, SOFTCAP=o.cap is not None,
+            EVEN_K=H % g.BK == 0, PREC=PREC, TMA=tma, **flags)
+
+
+def _lean_dw(dz, h, dw_slab, gr: _Grad, cfg: Config, cublas: bool) -> None:
+    """One slab of dweight in one GEMM over all tokens, float32-accumulated (cuBLAS for bf16 on a GPU)."""
+    if cublas:
+        with _float32_reductions():
+            torch.mm(dz.t(), h, out=dw_slab)
+        return
+    _dw(dz, h, None, dw_slab, gr, 2, cfg.ldw)
+
+
+def _lean_dh(dz, Ws, acc, dh, gr: _Grad, cfg: Config, cublas: bool, first: bool, last: bool) -> None:
+    """dhidden's share of one slab: added to the float32 ``acc`` (stored by the first share), which the last
+    share casts into ``dh``; with no accumulator (one slab) straight into ``dh``. On cuBLAS the sum runs in
+    the GEMM's own epilogue (addmm with a float32 output, beta 0 for the first share)."""
+    if cublas:
+        with _float32_reductions():
+            if acc is None:
+                torch.mm(dz, Ws, out=dh)
+                return
+            torch.addmm(acc, dz, Ws, out_dtype=F32, beta=0.0 if first else 1.0, out=acc)
+        if last:
+            dh.copy_(acc)
+        return
+    mode = 2 if acc is None else 0 if first else 3 if last else 1
+    _dh(dz, Ws, acc, dh if mode >= 2 else None, gr, mode, cfg.ldh)
 
 
 class FusedLinearXent(torch.autograd.Function):
