@@ -168,20 +168,51 @@ def test_lean_accumulator_lives_in_dweight_where_it_fits(results, name, inside):
     assert results[name]["acc_in_dweight"] is inside
 
 
-@pytest.mark.parametrize("V,S,t0", [(1025, 256, 988), (1025, 256, 951), (290, 256, 290), (32000, 4096, 30000),
-                                    (128256, 4096, 111872), (128256, 4096, 128254), (300, 100, 100)])
-def test_lean_steps_write_the_accumulator_rows_last(V, S, t0):
-    from harness.backends.triton.fused_linear_xent.wrapper import _lean_steps
+def _check_lean_plan(T: int, H: int, V: int, esz: int, slab: int, slab_max: int) -> None:
+    """Replays a lean plan row by row: every vocabulary entry gets its dhidden share once and its dweight rows
+    once; dZ never lands on dweight rows already written, on the slab's own rows, or on the accumulator's rows
+    while dhidden still needs them."""
+    import dataclasses
 
-    steps = _lean_steps(V, S, t0)
-    for flag in ("dh", "dw"):  # every vocabulary entry once for dhidden and once for dweight
-        cover = sorted(v for st in steps if getattr(st, flag) for v in range(st.v0, st.v0 + st.s))
+    from harness.backends.triton.fused_linear_xent import wrapper
+
+    cfg = dataclasses.replace(wrapper.INTERPRETER, slab=slab, slab_max=slab_max)
+    plan = wrapper._lean_plan(T, H, V, esz, cfg)
+    for flag in ("dh", "dw"):
+        cover = sorted(v for st in plan.steps if getattr(st, flag) for v in range(st.v0, st.v0 + st.s))
         assert cover == list(range(V)), flag
-    last_dh = max(i for i, st in enumerate(steps) if st.dh)
-    for i, st in enumerate(steps):  # dweight rows [t0, V) hold the accumulator until the last dhidden share
-        if st.dw and st.v0 + st.s > t0:
-            assert i > last_dh, (i, st)
-    assert all(st.s <= S for st in steps)
+    written = set()
+    last_dh = max(i for i, st in enumerate(plan.steps) if st.dh)
+    for i, st in enumerate(plan.steps):
+        assert 0 < st.s <= max(slab, slab_max) and (st.scratch is not None or st.s <= slab), st
+        if st.scratch is not None:
+            rows = set(range(st.scratch, st.scratch + -(-T * st.s // H)))
+            assert max(rows) < V and not rows & written, (i, st)
+            assert not (st.dw and rows & set(range(st.v0, st.v0 + st.s))), (i, st)
+            assert not (len(plan.steps) > 1 and i <= last_dh and max(rows) >= plan.t0), (i, st)
+        if st.dw:
+            assert i > last_dh or st.v0 + st.s <= plan.t0, (i, st)  # the accumulator's rows last
+            written |= set(range(st.v0, st.v0 + st.s))
+
+
+@pytest.mark.parametrize("T,H,V,esz", [(37, 24, 1025, 4), (37, 24, 1025, 2), (300, 8, 290, 4), (1000, 2048, 32000, 2),
+                                       (8192, 4096, 128256, 2), (1, 4096, 128256, 2), (7, 16, 31, 4)])
+def test_lean_plan_writes_nothing_twice_and_the_accumulator_last(T, H, V, esz):
+    _check_lean_plan(T, H, V, esz, 256, 512)
+    _check_lean_plan(T, H, V, esz, 4096, 16384)
+
+
+def test_lean_plan_holds_on_random_shapes():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.integers(1, 3000), st.integers(1, 600), st.integers(2, 5000), st.sampled_from([2, 4]),
+           st.sampled_from([64, 256, 1000]), st.sampled_from([0, 300, 512, 2048]))
+    def check(T, H, V, esz, slab, slab_max):
+        _check_lean_plan(T, H, V, esz, slab, slab_max)
+
+    check()
 
 
 def test_lean_memory_meets_its_target_at_the_bench_shape():
@@ -194,7 +225,7 @@ def test_lean_memory_meets_its_target_at_the_bench_shape():
     N, H, V, bf16 = 8192, 4096, 128256, torch.bfloat16
     grads = (N * H + V * H + V) * bf16.itemsize
     extra = wrapper.lean_extra_bytes(N, H, V, bf16, wrapper.GPU)
-    assert wrapper._accumulator_row(N, H, V, bf16.itemsize) > 0
+    assert wrapper._lean_plan(N, H, V, bf16.itemsize, wrapper.GPU).t0 < V  # the accumulator inside dweight
     assert grads + extra <= 1.2e9, (grads + extra) / 1e9
 
 

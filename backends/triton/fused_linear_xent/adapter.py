@@ -23,8 +23,10 @@ for _name, _impl, _desc in (
     ("triton-lean", "fused_linear_xent_lean",
      "Triton, lean mode: vocabulary outer; forward LSE pass (logits never stored), backward per "
      "vocabulary slab recomputes the logits of all tokens into dZ, finishes that dweight slab in one "
-     "float32 GEMM over all tokens, adds dZ W_slab to a float32 [N, H] accumulator. 8*N*H*V FLOPs, "
-     "no V*H float32 buffer."),
+     "float32 GEMM over all tokens, adds dZ W_slab to a float32 [N, H] accumulator. The accumulator and "
+     "most slabs' dZ live in dweight rows not yet written; the accumulator's own slabs go first for "
+     "dhidden and are recomputed last for dweight: (8 + 4N/V)*N*H*V FLOPs for 16-bit inputs, extra memory "
+     "about N*slab*2 beside the gradients, no V*H float32 buffer."),
 ):
     register_backend(Backend(
         operator="fused_linear_xent", name=_name, impl=f".wrapper:{_impl}", package=__package__,

@@ -15,7 +15,10 @@ Two modes (specs/xent.md, "two honest designs"):
   otherwise (per-token or LSE upstream gradients) the backward runs the chunks: 8*N*H*V.
 * ``lean``: vocabulary outer. The forward is an LSE pass; the backward recomputes the logits of each
   vocabulary slab for all tokens, finishes that slab of dweight in one float32 GEMM over all tokens
-  and adds dZ @ W_slab to a float32 [N, H] accumulator: 8*N*H*V FLOPs, no V*H float32 buffer.
+  and adds dZ @ W_slab to a float32 [N, H] accumulator: 8*N*H*V FLOPs, no V*H float32 buffer. The
+  accumulator lives in dweight's last rows and most slabs' dZ in its rows not yet written (_lean_plan),
+  so that the gradients plus one cfg.slab-wide dZ buffer are its memory; the accumulator's slabs are
+  recomputed once more for their dweight rows (4N/V * N*H*V FLOPs more for 16-bit inputs).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ class Gemm:
 @dataclass(frozen=True)
 class Config:
     chunk: int  # tokens per chunk (fast mode, and the forward LSE pass of both modes)
-    slab: int  # vocabulary entries per slab (lean backward)
+    slab: int  # vocabulary entries per slab of the lean backward whose dZ has a buffer of its own (its memory)
     vblock: int  # vocabulary tile of the dZ pass
     rows: int  # token rows per program of the dZ pass
     logits: Gemm  # logits + LSE partials (both modes' forward, fast backward)
@@ -70,13 +73,14 @@ class Config:
     rblocks: int = 1  # blocks of ``rows`` tokens per program of the dZ pass (they share a dbias partial row)
     hdw: Gemm | None = None  # held logits (holds_logits): dweight over all tokens at once; None = ldw
     cublas: bool = False  # held logits, bf16 on a GPU: dhidden and dweight by cuBLAS (torch.mm)
+    slab_max: int = 0  # lean: widest slab whose dZ goes into dweight rows not written yet (0: slab; _lean_plan)
 
 
 # Interpreter blocks are small so that the CPU sizes of the tests and presets span several of each.
 # adapter.py repeats BLOCK_N / BLOCK_V / BLOCK_H (it must not import this module); a test checks it.
 INTERPRETER = Config(chunk=16, slab=256, vblock=128, rows=16, logits=Gemm(16, 128, 16, 2),
                      dw=Gemm(128, 16, 16, 1), dh=Gemm(16, 16, 64, 2), dzg=Gemm(16, 128, 16, 2),
-                     ldw=Gemm(128, 16, 16, 1), ldh=Gemm(16, 16, 64, 2))
+                     ldw=Gemm(128, 16, 16, 1), ldh=Gemm(16, 16, 64, 2), slab_max=512)
 # Picked on an H200 at N=8192, H=4096, V=128256 (bf16) from interleaved timings of the whole pass;
 # persistent grids were slower there (the dweight kernel's running-sum read then stalls each tile).
 # Per-kernel do_bench at one 2048-token chunk (H200, triton 3.6): logits 128x256x64 w8 s3 3.96 ms
@@ -88,7 +92,7 @@ INTERPRETER = Config(chunk=16, slab=256, vblock=128, rows=16, logits=Gemm(16, 12
 GPU = Config(chunk=4096, slab=4096, vblock=128, rows=8, logits=Gemm(128, 128, 64, 16, 8, 4, ksplit=4),
              dw=Gemm(128, 256, 64, 8, 8, 4), dh=Gemm(128, 256, 64, 16), dzg=Gemm(128, 256, 64, 8),
              ldw=Gemm(128, 256, 64, 1), ldh=Gemm(128, 256, 64, 8), dw_small=Gemm(256, 128, 64, 1, 8, 3),
-             z16=True, dz_warps=1, rblocks=16, hdw=Gemm(128, 256, 64, 8, 8, 4), cublas=True)
+             z16=True, dz_warps=1, rblocks=16, hdw=Gemm(128, 256, 64, 8, 8, 4), cublas=True, slab_max=16384)
 # Held logits (the default at N=8192, H=4096, V=128256, bf16; .ci/flx-ab on an H100, each kernel alone, median
 # of do_bench): dZ pass 128 columns x 8 rows x 16 row blocks on 1 warp 1.59 ms (2 warps 1.78; 128x4x32 1.59;
 # 256x16x8 on 4 warps 2.59; 128x32x4 1.87; 512x16x8 on 8 warps 3.14; a torch copy of the buffer 2.94); dweight
@@ -419,12 +423,30 @@ def _chunks(h, W, b, y, o: _Opts, cfg: Config, lse, lt, gr: _Grad | None = None,
 @dataclass(frozen=True)
 class _LeanStep:
     """One vocabulary slab of the lean backward: its logits recomputed into dZ, then dhidden's share
-    (``dh``: dZ @ W_slab into the float32 accumulator, and the slab's dbias) and/or its dweight rows (``dw``)."""
+    (``dh``: dZ @ W_slab into the float32 accumulator, and the slab's dbias) and/or its dweight rows (``dw``).
+    dZ goes into dweight rows from ``scratch`` on (rows no step has written yet, nor the accumulator's), or
+    with ``scratch`` None into the dZ buffer of Config.slab columns."""
 
     v0: int
     s: int
     dh: bool
     dw: bool
+    scratch: int | None = None
+
+
+@dataclass(frozen=True)
+class _LeanPlan:
+    t0: int  # the accumulator's first dweight row (V: a buffer of its own, or none with one slab)
+    steps: list[_LeanStep]
+
+    @property
+    def buffer_cols(self) -> int:
+        """Columns of the dZ buffer that the steps without dweight scratch need (0: none)."""
+        return max((st.s for st in self.steps if st.scratch is None), default=0)
+
+    @property
+    def widest(self) -> int:
+        return max(st.s for st in self.steps)
 
 
 def _accumulator_row(T: int, H: int, V: int, esz: int) -> int:
@@ -436,67 +458,98 @@ def _accumulator_row(T: int, H: int, V: int, esz: int) -> int:
     return max(t0, 0)
 
 
-def _dh_accumulator(dw: Tensor, T: int) -> tuple[Tensor, int]:
-    """The float32 [T, H] dhidden accumulator of the lean backward, and the first dweight row it borrows.
-
-    It lives in dweight's last rows, which the backward writes last (_lean_steps), so that it costs no memory
-    of its own (0.13 GB at N=8192, H=4096: the lean target of 1.2 GB leaves 83 MB beside the gradients).
-    Where dweight is too short to hold it, it is a buffer of its own and the first row returned is V."""
+def _dh_accumulator(dw: Tensor, T: int, t0: int) -> Tensor:
+    """The float32 [T, H] dhidden accumulator of the lean backward: in dweight's rows [t0, V), which the plan
+    writes last, so that it costs no memory of its own (0.13 GB at N=8192, H=4096: the lean target of 1.2 GB
+    leaves 83 MB beside the gradients); a buffer of its own where t0 is V (dweight too short to hold it)."""
     V, H = dw.shape
-    t0 = _accumulator_row(T, H, V, dw.element_size())
-    if t0 == 0:
-        return torch.empty((T, H), dtype=DH_ACC, device=dw.device), V
-    return dw.view(-1)[t0 * H:t0 * H + T * H * DH_ACC.itemsize // dw.element_size()].view(DH_ACC).view(T, H), t0
+    if t0 == V:
+        return torch.empty((T, H), dtype=DH_ACC, device=dw.device)
+    return dw.view(-1)[t0 * H:t0 * H + T * H * DH_ACC.itemsize // dw.element_size()].view(DH_ACC).view(T, H)
 
 
-def _lean_steps(V: int, S: int, t0: int) -> list[_LeanStep]:
-    """The slabs of the lean backward in order. The accumulator's rows [t0, V) of dweight go first, for dhidden
-    only; every other slab does both; after the last dhidden share (which casts the accumulator into dhidden)
-    the accumulator's slabs come back for their dweight rows, their logits recomputed: (V - t0) / V of one
-    more logits pass buys the accumulator's memory."""
-    head = [_LeanStep(v, min(S, t0 - v), True, True) for v in range(0, t0, S)]
-    tail = [(v, min(S, V - v)) for v in range(t0, V, S)]
-    return [_LeanStep(v, s, True, False) for v, s in tail] + head + [_LeanStep(v, s, False, True) for v, s in tail]
+def _slabs(v0: int, v1: int, room, T: int, H: int, S: int, wide: int) -> list[tuple[int, int, int | None]]:
+    """Slabs covering [v0, v1) in order, each (start, width, scratch row). ``room(v, s)`` gives the free dweight
+    rows [lo, hi) that a slab [v, v + s) may put its dZ in (its last T*s/H rows); a slab takes the widest
+    width up to ``wide`` whose dZ fits there (a multiple of 64: aligned rows), else S columns of the buffer."""
+    out = []
+    while v0 < v1:
+        s = min(wide, v1 - v0)
+        while s > 0:
+            lo, hi = room(v0, s)
+            rows = -(-T * s // H)
+            if hi - lo >= rows and s >= min(S, v1 - v0):
+                out.append((v0, s, hi - rows))
+                break
+            s = min(s - 1, (s - 1) // 64 * 64) if s > 64 else 0
+        else:
+            s = min(S, v1 - v0)
+            out.append((v0, s, None))
+        v0 += s
+    return out
+
+
+def _lean_plan(T: int, H: int, V: int, esz: int, cfg: Config) -> _LeanPlan:
+    """The lean backward's slabs in order. The accumulator's rows [t0, V) of dweight go first, for dhidden only,
+    their dZ in the (all free) rows below t0; every other slab does both, its dZ in rows above it that are still
+    free; after the last dhidden share (which casts the accumulator into dhidden) the accumulator's slabs come
+    back for their dweight rows, their logits recomputed: (V - t0) / V of one more logits pass buys the
+    accumulator's memory. Wide slabs through dweight's free rows cut the passes over the float32 accumulator;
+    the last ones, where too few rows are free, use the dZ buffer (cfg.slab columns: the memory it costs)."""
+    S = min(cfg.slab, V)
+    wide = max(cfg.slab_max, S)
+    if V <= S:
+        return _LeanPlan(V, [_LeanStep(0, V, True, True)])
+    t0 = _accumulator_row(T, H, V, esz) or V
+    below = lambda v, s: (0, t0)  # noqa: E731  (the accumulator's slabs: every row under t0 is free)
+    above = lambda v, s: (v + s, t0)  # noqa: E731
+    after = lambda v, s: (v + s, V)  # noqa: E731  (once dhidden is cast, the accumulator's rows are free)
+    tail = _slabs(t0, V, below, T, H, S, wide)
+    head = _slabs(0, t0, above, T, H, S, wide)
+    again = _slabs(t0, V, after, T, H, S, wide)
+    return _LeanPlan(t0, [_LeanStep(v, s, True, False, r) for v, s, r in tail]
+                     + [_LeanStep(v, s, True, True, r) for v, s, r in head]
+                     + [_LeanStep(v, s, False, True, r) for v, s, r in again])
 
 
 def lean_extra_bytes(T: int, H: int, V: int, dtype: torch.dtype, cfg: Config, bias: bool = True) -> int:
-    """Bytes the lean backward allocates beside dhidden, dweight and dbias: the dZ slab, the dbias partials
+    """Bytes the lean backward allocates beside dhidden, dweight and dbias: the dZ buffer, the dbias partials
     and their float32 sum, and the accumulator where dweight cannot hold it."""
-    S = min(cfg.slab, V)
-    esz = dtype.itemsize
-    extra = T * S * esz
+    plan = _lean_plan(T, H, V, dtype.itemsize, cfg)
+    extra = T * plan.buffer_cols * dtype.itemsize
     if bias:
-        extra += (triton.cdiv(T, cfg.dzg.BM) * S + V) * 4
-    if V > S and _accumulator_row(T, H, V, esz) == 0:
+        extra += (triton.cdiv(T, cfg.dzg.BM) * plan.widest + V) * 4
+    if plan.t0 == V and len(plan.steps) > 1:
         extra += T * H * DH_ACC.itemsize
     return extra
 
 
 def _lean_backward(h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Config):
-    T, V, g = h.shape[0], W.shape[0], cfg.dzg
-    S = min(cfg.slab, V)
+    (T, H), V, g = h.shape, W.shape[0], cfg.dzg
     cublas = cfg.cublas and h.is_cuda and h.dtype == torch.bfloat16
     if cublas:  # as in _held_backward: g / D into dZ, so that the GEMMs need no scale
         gr = dataclasses.replace(gr, fold=False)
-    dz = torch.empty((T, S), dtype=h.dtype, device=h.device)
+    plan = _lean_plan(T, H, V, h.element_size(), cfg)
     dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
     dw = torch.empty(W.shape, dtype=W.dtype, device=W.device)
-    acc, t0 = _dh_accumulator(dw, T) if V > S else (None, V)
-    steps = _lean_steps(V, S, t0)
-    dh_steps = [i for i, st in enumerate(steps) if st.dh]
+    acc = _dh_accumulator(dw, T, plan.t0) if len(plan.steps) > 1 else None
+    buf = torch.empty((T, plan.buffer_cols), dtype=h.dtype, device=h.device) if plan.buffer_cols else None
+    flat = dw.view(-1)
     # the slab's dbias partials (one float32 row per token block) and their sums
-    dbp = torch.empty((triton.cdiv(T, g.BM), S), dtype=F32, device=h.device) if b is not None else None
+    dbp = torch.empty((triton.cdiv(T, g.BM), plan.widest), dtype=F32, device=h.device) if b is not None else None
     db32 = torch.empty((V,), dtype=F32, device=h.device) if b is not None else None
-    for i, st in enumerate(steps):
+    dh_steps = [i for i, st in enumerate(plan.steps) if st.dh]
+    for i, st in enumerate(plan.steps):
         v0, s = st.v0, st.s
         Ws = W[v0:v0 + s]
+        dz = buf[:, :s] if st.scratch is None else flat[st.scratch * H:st.scratch * H + T * s].view(T, s)
         _dz_slab(h, Ws, b[v0:v0 + s] if b is not None else None, y, lse, dz, dbp, v0, V, gr, o, g)
         if st.dw:
-            _lean_dw(dz[:, :s], h, dw[v0:v0 + s], gr, cfg, cublas)
+            _lean_dw(dz, h, dw[v0:v0 + s], gr, cfg, cublas)
         if st.dh:
             if b is not None:
                 _colsum(dbp[:, :s], dbp.shape[0], db32[v0:v0 + s], accumulate=False)
-            _lean_dh(dz[:, :s], Ws, acc, dh, gr, cfg, cublas, first=i == dh_steps[0], last=i == dh_steps[-1])
+            _lean_dh(dz, Ws, acc, dh, gr, cfg, cublas, first=i == dh_steps[0], last=i == dh_steps[-1])
     return dh, dw, _cast(db32, b.dtype, gr) if b is not None else None
 
 
