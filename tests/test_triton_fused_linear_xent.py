@@ -3,7 +3,9 @@
 The kernels must be decorated with TRITON_INTERPRET=1 already set, so the checks run in one
 subprocess that prints one JSON line per case: the error of every output and gradient relative to
 the reference's largest magnitude. N=37 tokens span three 16-token chunks; V=1025 spans nine
-128-wide vocabulary tiles and five 256-wide lean slabs, the last one a single column. At H=24 the
+128-wide vocabulary tiles and seven lean slabs (wrapper._lean_plan): the accumulator's 37 or 74
+rows of dweight for dhidden first and for dweight last, the others with dZ in dweight rows not
+yet written (256 wide) or in the 128-column buffer. At H=24 the
 fast mode holds every token's logits (wrapper.holds_logits); at H=8 it runs the token chunks. Cases
 marked ``again`` also run a second backward of the same forward (retain_graph), which recomputes them.
 """

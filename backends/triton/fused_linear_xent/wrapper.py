@@ -78,9 +78,9 @@ class Config:
 
 # Interpreter blocks are small so that the CPU sizes of the tests and presets span several of each.
 # adapter.py repeats BLOCK_N / BLOCK_V / BLOCK_H (it must not import this module); a test checks it.
-INTERPRETER = Config(chunk=16, slab=256, vblock=128, rows=16, logits=Gemm(16, 128, 16, 2),
+INTERPRETER = Config(chunk=16, slab=128, vblock=128, rows=16, logits=Gemm(16, 128, 16, 2),
                      dw=Gemm(128, 16, 16, 1), dh=Gemm(16, 16, 64, 2), dzg=Gemm(16, 128, 16, 2),
-                     ldw=Gemm(128, 16, 16, 1), ldh=Gemm(16, 16, 64, 2), slab_max=512)
+                     ldw=Gemm(128, 16, 16, 1), ldh=Gemm(16, 16, 64, 2), slab_max=256)
 # Picked on an H200 at N=8192, H=4096, V=128256 (bf16) from interleaved timings of the whole pass;
 # persistent grids were slower there (the dweight kernel's running-sum read then stalls each tile).
 # Per-kernel do_bench at one 2048-token chunk (H200, triton 3.6): logits 128x256x64 w8 s3 3.96 ms
