@@ -17,13 +17,14 @@ _LOAD = "if MODE == 1 or MODE == 3:\n        acc = tl.load(acc_ptr + offs, mask=
 
 register_mutant(Mutant(
     id="xent-lean-dhidden-half-accum", operator="fused_linear_xent", backend="triton-lean",
-    # (the case's inputs are float16: the accumulator then takes the input dtype)
-    edits=(("wrapper.py", "DH_ACC = F32", "DH_ACC = torch.float16"),
+    edits=(("wrapper.py", "float32 whatever the inputs (specs/xent.md).\"\"\"\n    return F32",
+             "float32 whatever the inputs (specs/xent.md).\"\"\"\n    return dtype"),
            # the running sum is read back into the float32 dot (which compiles for float32 accumulators only)
            # and stored in the input dtype again: one rounding per slab
            ("kernels.py", _LOAD, _LOAD + ".to(tl.float32)")),
-    # measured on the CPU (interpreted, 256-entry slabs, 5 of them): dhidden's rms ratio grows from 0.268 to
-    # 0.469 (1.75x), inside the bound, its max ratio less than 1.5x: the 1.5x threshold decides
+    # measured on the CPU (interpreted; the lean plan makes 6 passes over the accumulator there): dhidden's rms
+    # ratio grows from 0.268 to 0.47 (1.76x), inside the bound, its max ratio less than 1.5x: the 1.5x
+    # threshold decides. On a GPU's bf16 cuBLAS path the running sum is then a bf16 addmm output.
     expect=(Expectation(C("N7-H16-V1025", 7, 16, 1025, ("size",), ignored=0.2), "float16", status="PASS",
                         passing=("loss", "lse", "dhidden", "dweight", "dbias")),),
     compare_only=True,

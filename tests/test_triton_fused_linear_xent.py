@@ -107,7 +107,7 @@ SCRIPT = textwrap.dedent("""
             results[who] = (out, grads, xs, again)
         (ko, kg, kx, kg2), (ro, rg, _, _) = results["k"], results["r"]
         row = {"name": name, "held": wrapper.holds_logits(N, V, H, dtype, kcfg),
-               "acc_in_dweight": wrapper._accumulator_row(N, H, V, dtype.itemsize) > 0}
+               "acc_in_dweight": wrapper._accumulator_row(N, H, V, dtype) > 0}
         if z16:  # the offsets path was taken: its gradients differ from those of float32 logits
             row["z16_differs"] = any(not torch.equal(a, b) for a, b in zip(kg, results["k32"][1]))
         for comp in ("loss", "lse"):
@@ -176,10 +176,11 @@ def _check_lean_plan(T: int, H: int, V: int, esz: int, slab: int, slab_max: int)
     while dhidden still needs them."""
     import dataclasses
 
+    import torch
     from harness.backends.triton.fused_linear_xent import wrapper
 
     cfg = dataclasses.replace(wrapper.INTERPRETER, slab=slab, slab_max=slab_max)
-    plan = wrapper._lean_plan(T, H, V, esz, cfg)
+    plan = wrapper._lean_plan(T, H, V, {2: torch.bfloat16, 4: torch.float32}[esz], cfg)
     for flag in ("dh", "dw"):
         cover = sorted(v for st in plan.steps if getattr(st, flag) for v in range(st.v0, st.v0 + st.s))
         assert cover == list(range(V)), flag
@@ -227,7 +228,7 @@ def test_lean_memory_meets_its_target_at_the_bench_shape():
     N, H, V, bf16 = 8192, 4096, 128256, torch.bfloat16
     grads = (N * H + V * H + V) * bf16.itemsize
     extra = wrapper.lean_extra_bytes(N, H, V, bf16, wrapper.GPU)
-    assert wrapper._lean_plan(N, H, V, bf16.itemsize, wrapper.GPU).t0 < V  # the accumulator inside dweight
+    assert wrapper._lean_plan(N, H, V, bf16, wrapper.GPU).t0 < V  # the accumulator inside dweight
     assert grads + extra <= 1.2e9, (grads + extra) / 1e9
 
 

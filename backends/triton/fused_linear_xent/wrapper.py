@@ -37,7 +37,6 @@ from . import kernels as K
 Tensor = torch.Tensor
 F32 = torch.float32
 REDUCTIONS = ("mean", "sum", "none")
-DH_ACC = F32  # the lean backward's dhidden sum over vocabulary slabs (specs/xent.md: float32)
 
 
 @dataclass(frozen=True)
@@ -449,10 +448,16 @@ class _LeanPlan:
         return max(st.s for st in self.steps)
 
 
-def _accumulator_row(T: int, H: int, V: int, esz: int) -> int:
-    """The first of dweight's last rows (``esz``-byte elements) that can hold the lean backward's float32 [T, H]
+def dh_acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The lean backward's dhidden sum over vocabulary slabs: float32 whatever the inputs (specs/xent.md)."""
+    return F32
+
+
+def _accumulator_row(T: int, H: int, V: int, dtype: torch.dtype) -> int:
+    """The first of dweight's last rows (``dtype``, as the inputs) that can hold the lean backward's [T, H]
     dhidden accumulator, 16-byte aligned for the copy engine and cuBLAS; 0 where dweight is too short."""
-    t0 = V - -(-T * DH_ACC.itemsize // esz)
+    esz = dtype.itemsize
+    t0 = V - -(-T * dh_acc_dtype(dtype).itemsize // esz)
     while t0 > 0 and (t0 * H * esz) % 16:
         t0 -= 1
     return max(t0, 0)
@@ -462,10 +467,10 @@ def _dh_accumulator(dw: Tensor, T: int, t0: int) -> Tensor:
     """The float32 [T, H] dhidden accumulator of the lean backward: in dweight's rows [t0, V), which the plan
     writes last, so that it costs no memory of its own (0.13 GB at N=8192, H=4096: the lean target of 1.2 GB
     leaves 83 MB beside the gradients); a buffer of its own where t0 is V (dweight too short to hold it)."""
-    V, H = dw.shape
+    (V, H), acc = dw.shape, dh_acc_dtype(dw.dtype)
     if t0 == V:
-        return torch.empty((T, H), dtype=DH_ACC, device=dw.device)
-    return dw.view(-1)[t0 * H:t0 * H + T * H * DH_ACC.itemsize // dw.element_size()].view(DH_ACC).view(T, H)
+        return torch.empty((T, H), dtype=acc, device=dw.device)
+    return dw.view(-1)[t0 * H:t0 * H + T * H * acc.itemsize // dw.element_size()].view(acc).view(T, H)
 
 
 def _slabs(v0: int, v1: int, room, T: int, H: int, S: int, wide: int) -> list[tuple[int, int, int | None]]:
@@ -489,7 +494,7 @@ def _slabs(v0: int, v1: int, room, T: int, H: int, S: int, wide: int) -> list[tu
     return out
 
 
-def _lean_plan(T: int, H: int, V: int, esz: int, cfg: Config) -> _LeanPlan:
+def _lean_plan(T: int, H: int, V: int, dtype: torch.dtype, cfg: Config) -> _LeanPlan:
     """The lean backward's slabs in order. The accumulator's rows [t0, V) of dweight go first, for dhidden only,
     their dZ in the (all free) rows below t0; every other slab does both, its dZ in rows above it that are still
     free; after the last dhidden share (which casts the accumulator into dhidden) the accumulator's slabs come
@@ -500,7 +505,7 @@ def _lean_plan(T: int, H: int, V: int, esz: int, cfg: Config) -> _LeanPlan:
     wide = max(cfg.slab_max, S)
     if V <= S:
         return _LeanPlan(V, [_LeanStep(0, V, True, True)])
-    t0 = _accumulator_row(T, H, V, esz) or V
+    t0 = _accumulator_row(T, H, V, dtype) or V
     below = lambda v, s: (0, t0)  # noqa: E731  (the accumulator's slabs: every row under t0 is free)
     above = lambda v, s: (v + s, t0)  # noqa: E731
     after = lambda v, s: (v + s, V)  # noqa: E731  (once dhidden is cast, the accumulator's rows are free)
@@ -515,12 +520,12 @@ def _lean_plan(T: int, H: int, V: int, esz: int, cfg: Config) -> _LeanPlan:
 def lean_extra_bytes(T: int, H: int, V: int, dtype: torch.dtype, cfg: Config, bias: bool = True) -> int:
     """Bytes the lean backward allocates beside dhidden, dweight and dbias: the dZ buffer, the dbias partials
     and their float32 sum, and the accumulator where dweight cannot hold it."""
-    plan = _lean_plan(T, H, V, dtype.itemsize, cfg)
+    plan = _lean_plan(T, H, V, dtype, cfg)
     extra = T * plan.buffer_cols * dtype.itemsize
     if bias:
         extra += (triton.cdiv(T, cfg.dzg.BM) * plan.widest + V) * 4
     if plan.t0 == V and len(plan.steps) > 1:
-        extra += T * H * DH_ACC.itemsize
+        extra += T * H * dh_acc_dtype(dtype).itemsize
     return extra
 
 
@@ -529,7 +534,7 @@ def _lean_backward(h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Config):
     cublas = cfg.cublas and h.is_cuda and h.dtype == torch.bfloat16
     if cublas:  # as in _held_backward: g / D into dZ, so that the GEMMs need no scale
         gr = dataclasses.replace(gr, fold=False)
-    plan = _lean_plan(T, H, V, h.element_size(), cfg)
+    plan = _lean_plan(T, H, V, h.dtype, cfg)
     dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
     dw = torch.empty(W.shape, dtype=W.dtype, device=W.device)
     acc = _dh_accumulator(dw, T, plan.t0) if len(plan.steps) > 1 else None
@@ -584,7 +589,7 @@ def _lean_dh(dz, Ws, acc, dh, gr: _Grad, cfg: Config, cublas: bool, first: bool,
             if acc is None:
                 torch.mm(dz, Ws, out=dh)
                 return
-            torch.addmm(acc, dz, Ws, out_dtype=F32, beta=0.0 if first else 1.0, out=acc)
+            torch.addmm(acc, dz, Ws, out_dtype=acc.dtype, beta=0.0 if first else 1.0, out=acc)
         if last:
             dh.copy_(acc)
         return
