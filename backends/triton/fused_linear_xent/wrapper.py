@@ -436,7 +436,12 @@ class _LeanStep:
 @dataclass(frozen=True)
 class _LeanPlan:
     t0: int  # the accumulator's first dweight row (V: a buffer of its own, or none with one slab)
-    steps: list[_LeanStep]
+    steps: tuple[_LeanStep, ...]
+
+    @property
+    def accumulates(self) -> bool:
+        """Whether dhidden has several shares to sum (in the accumulator), not one written straight."""
+        return sum(st.dh for st in self.steps) > 1
 
     @property
     def buffer_cols(self) -> int:
@@ -486,7 +491,7 @@ def _slabs(v0: int, v1: int, room, T: int, H: int, S: int, wide: int) -> list[tu
             if hi - lo >= rows and s >= min(S, v1 - v0):
                 out.append((v0, s, hi - rows))
                 break
-            s = min(s - 1, (s - 1) // 64 * 64) if s > 64 else 0
+            s = (s - 1) // 64 * 64
         else:
             s = min(S, v1 - v0)
             out.append((v0, s, None))
@@ -504,7 +509,7 @@ def _lean_plan(T: int, H: int, V: int, dtype: torch.dtype, cfg: Config) -> _Lean
     S = min(cfg.slab, V)
     wide = max(cfg.slab_max, S)
     if V <= S:
-        return _LeanPlan(V, [_LeanStep(0, V, True, True)])
+        return _LeanPlan(V, (_LeanStep(0, V, True, True),))
     t0 = _accumulator_row(T, H, V, dtype) or V
     below = lambda v, s: (0, t0)  # noqa: E731  (the accumulator's slabs: every row under t0 is free)
     above = lambda v, s: (v + s, t0)  # noqa: E731
@@ -512,9 +517,9 @@ def _lean_plan(T: int, H: int, V: int, dtype: torch.dtype, cfg: Config) -> _Lean
     tail = _slabs(t0, V, below, T, H, S, wide)
     head = _slabs(0, t0, above, T, H, S, wide)
     again = _slabs(t0, V, after, T, H, S, wide)
-    return _LeanPlan(t0, [_LeanStep(v, s, True, False, r) for v, s, r in tail]
-                     + [_LeanStep(v, s, True, True, r) for v, s, r in head]
-                     + [_LeanStep(v, s, False, True, r) for v, s, r in again])
+    return _LeanPlan(t0, tuple([_LeanStep(v, s, True, False, r) for v, s, r in tail]
+                               + [_LeanStep(v, s, True, True, r) for v, s, r in head]
+                               + [_LeanStep(v, s, False, True, r) for v, s, r in again]))
 
 
 def lean_extra_bytes(T: int, H: int, V: int, dtype: torch.dtype, cfg: Config, bias: bool = True) -> int:
@@ -524,7 +529,7 @@ def lean_extra_bytes(T: int, H: int, V: int, dtype: torch.dtype, cfg: Config, bi
     extra = T * plan.buffer_cols * dtype.itemsize
     if bias:
         extra += (triton.cdiv(T, cfg.dzg.BM) * plan.widest + V) * 4
-    if plan.t0 == V and len(plan.steps) > 1:
+    if plan.t0 == V and plan.accumulates:
         extra += T * H * dh_acc_dtype(dtype).itemsize
     return extra
 
@@ -537,7 +542,7 @@ def _lean_backward(h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Config):
     plan = _lean_plan(T, H, V, h.dtype, cfg)
     dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
     dw = torch.empty(W.shape, dtype=W.dtype, device=W.device)
-    acc = _dh_accumulator(dw, T, plan.t0) if len(plan.steps) > 1 else None
+    acc = _dh_accumulator(dw, T, plan.t0) if plan.accumulates else None
     buf = torch.empty((T, plan.buffer_cols), dtype=h.dtype, device=h.device) if plan.buffer_cols else None
     flat = dw.view(-1)
     # the slab's dbias partials (one float32 row per token block) and their sums
