@@ -192,7 +192,7 @@ def _check_lean_plan(T: int, H: int, V: int, esz: int, slab: int, slab_max: int)
             rows = set(range(st.scratch, st.scratch + -(-T * st.s // H)))
             assert max(rows) < V and not rows & written, (i, st)
             assert not (st.dw and rows & set(range(st.v0, st.v0 + st.s))), (i, st)
-            assert not (len(plan.steps) > 1 and i <= last_dh and max(rows) >= plan.t0), (i, st)
+            assert not (plan.accumulates and i <= last_dh and max(rows) >= plan.t0), (i, st)
         if st.dw:
             assert i > last_dh or st.v0 + st.s <= plan.t0, (i, st)  # the accumulator's rows last
             written |= set(range(st.v0, st.v0 + st.s))
