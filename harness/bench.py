@@ -356,7 +356,9 @@ def run_bench(
         checks = _write(op, rows, prov, bw, tf, device, report_dir, chosen)
         if checks:
             missed = [c for c in checks if c["met"] is False]
+            absent = sum(bool(c.get("absent")) for c in checks)
             print(f"{op.name} targets: {sum(c['met'] is True for c in checks)} met, {len(missed)} missed"
+                  + (f", {absent} not benched (backend or dtype not in this run)" if absent else "")
                   + "".join(f"\n  missed: {c['backend']} {c['case']}: {c['target']} (measured {c['measured']:.3g})"
                             for c in missed))
             if strict and missed:
@@ -396,11 +398,18 @@ def _ratios(rows: list[dict], baseline: str, case: str, dtype: str) -> None:
 
 def check_targets(targets: tuple[PerfTarget, ...], rows: list[dict], gpu: bool) -> list[dict]:
     """Each target on each bench case it names: the measured value and whether it is met (None where the
-    run has no figure for it). Targets describe the GPU bench shapes; a CPU run checks none."""
+    run has no figure for it). Targets describe the GPU bench shapes; a CPU run checks none.
+
+    A target whose backend (or ``versus`` backend) has no row at all on that case and dtype was not benched
+    by this run (``--backend`` or ``--dtype`` left it out): ``absent`` names what is missing, and the report
+    says "not benched" instead of "no figure", which stays for a backend that was benched and gave no
+    figure (it failed, was skipped here, or lacks the metric). `harness bench --backend torch,cuda` on an
+    H200 printed "no figure" beside the table's figures: those were cuda-inplace's targets (issue #41)."""
     out = []
     if not gpu:
         return out
     timed = [r for r in rows if "fwd_ms" in r]
+    benched = {(r.get("backend"), r.get("case"), r.get("dtype")) for r in rows}
     for t in targets:
         cases = [t.case] if t.case else list(dict.fromkeys(r["case"] for r in rows))
         for case in cases:
@@ -411,8 +420,12 @@ def check_targets(targets: tuple[PerfTarget, ...], rows: list[dict], gpu: bool) 
             if t.versus:
                 other = theirs.get(t.metric) if theirs else None
                 value = value / other if value is not None and other else None
-            out.append({"backend": t.backend, "case": case, "dtype": t.dtype, "target": t.describe(),
-                        "measured": value, "met": None if value is None else t.judge(value)})
+            check = {"backend": t.backend, "case": case, "dtype": t.dtype, "target": t.describe(),
+                     "measured": value, "met": None if value is None else t.judge(value)}
+            absent = [b for b in (t.backend, t.versus) if b and (b, case, t.dtype) not in benched]
+            if value is None and absent:
+                check["absent"] = absent
+            out.append(check)
     return out
 
 
@@ -428,7 +441,10 @@ def target_lines(checks: list[dict]) -> list[str]:
 
 def target_cells(check: dict) -> str:
     """'target | measured | met' cells of one check_targets result (bench reports and STATUS.md)."""
-    mark = "no figure" if check["met"] is None else ("✅ met" if check["met"] else "❌ missed")
+    if check.get("absent"):
+        mark = f"not benched: {' and '.join(check['absent'])} not in this run"
+    else:
+        mark = "no figure" if check["met"] is None else ("✅ met" if check["met"] else "❌ missed")
     value = "" if check["measured"] is None else format(check["measured"], ".3g")
     return f"{check['target']} | {value} | {mark}"
 

@@ -38,7 +38,7 @@ from .provenance import file_record
 from .records import PROFILE_FROM_RATIO, CellRecord, ComponentFigures, ContractResult, Status
 from .registry import Backend
 from .spec import Case, Inputs, OperatorSpec, dtype_of
-from .verdict import check_shape, measure, verdict_of
+from .verdict import check_shape, measure, transposed, verdict_of
 
 Tensor = torch.Tensor
 
@@ -137,12 +137,13 @@ def call_microbatched(
     assert mb is not None
     split = list(microbatch_parts(op, inputs, grad_outputs, k, case, seed))
     runs = []
-    for part, g in split:
+    for i, (part, g) in enumerate(split):
         tensors = {
             n: (t.detach().clone() if isinstance(t, Tensor) and t.is_floating_point() else t)
             for n, t in part.tensors.items()
         }
         runs.append(call_backend(op, backend, Inputs(tensors, part.options), g, device, returned))
+        _part_conforms(runs[-1], part, g, f"microbatch {i + 1} of {len(split)}")
     combined: dict[str, Any] = {
         "outs": {},
         "grads": {},
@@ -162,6 +163,59 @@ def call_microbatched(
         combined["allocations"] += r["allocations"]
     combined["naive"] = naive_microbatch(op, split, mb)
     return combined
+
+
+def _shape_text(t: Tensor) -> str:
+    return f"{list(t.shape)} {str(t.dtype).replace('torch.', '')}"
+
+
+def _part_conforms(run: dict[str, Any], part: Inputs, grad_outputs: dict[str, Tensor], which: str) -> None:
+    """A microbatch's results before they are combined (concatenated or summed): each gradient shaped as its
+    input, each graded output as its upstream gradient; else OutputMismatch (the cell is SHAPE), not the
+    combination's own error about sizes (issue #41: a transposed dlogits of two microbatches raised
+    "Sizes of tensors must match except in dimension 0")."""
+    for name, v in run["grads"].items():
+        x = part.tensors.get(name)
+        if v is None or not isinstance(x, Tensor) or (isinstance(v, Tensor) and v.shape == x.shape):
+            continue  # a dtype of its own survives the combination: the whole result's check names it
+        raise OutputMismatch(name, _shape_text(x), _shape_text(v) if isinstance(v, Tensor) else type(v).__name__,
+                             source=f"grad:{name}", what=f"the gradient of input {name!r} ({which})")
+    for name, v in run["outs"].items():
+        g = grad_outputs.get(name)
+        if isinstance(g, Tensor) and v.shape != g.shape:
+            raise OutputMismatch(name, f"{list(g.shape)}", f"{list(v.shape)}", what=f"output {name!r} ({which})")
+
+
+def misshapen(op: OperatorSpec, ref: dict, got: dict[str, Any]) -> dict[str, ComponentFigures]:
+    """The SHAPE figures of each output and gradient the backend returned in another shape or dtype than the
+    contract's (or as no tensor at all), by source ("out:loss", "grad:logits"). Run on a backend's results
+    before anything reads them: the operator's invariants and the error figures index a result by its
+    input's shape, so a gradient that a backward returned transposed raised inside them (an ERROR "raised at
+    cases/softmax_xent.py:164 (in invariants), outside the adapter's files", issue #41) instead of being
+    named SHAPE. A result that is missing (None) is not misshapen: it is a FAIL of its own (measure_all)."""
+    out: dict[str, ComponentFigures] = {}
+    for comp in op.components:
+        if comp.source in out:
+            continue
+        name = comp.tensor_name
+        o = (ref["o_out"] if comp.kind == "out" else ref["o_grad"]).get(name)
+        k = (got["outs"] if comp.kind == "out" else got["grads"]).get(name)
+        if o is None or k is None:
+            continue
+        contract = ref["contract"].get(name, o.dtype) if comp.kind == "out" else ref["inputs"].tensors[name].dtype
+        bad = check_shape(comp.name, k, tuple(o.shape), contract)
+        if bad is not None:
+            out[comp.source] = bad
+    return out
+
+
+def _misshapen_note(op: OperatorSpec, bad: dict[str, ComponentFigures]) -> str:
+    parts = []
+    for source, fig in bad.items():
+        kind, name = source.split(":", 1)
+        what = f"output {name!r}" if kind == "out" else f"the gradient of input {name!r}"
+        parts.append(f"{what}: expected {fig.expected}, got {fig.got}{transposed(fig)}")
+    return "; ".join(parts) + ("; the invariants were not checked" if op.invariants is not None else "")
 
 
 def measure_all(op: OperatorSpec, backend: Backend, case: Case, ref: dict, got: dict) -> list[ComponentFigures]:
@@ -333,6 +387,10 @@ def run_cell(
         cell.impl_file = file_record(inspect.getsourcefile(impl) or "")
     except TypeError:
         cell.impl_file = None
+    # every result's shape and dtype before anything reads it (the invariants, the error figures)
+    bad = misshapen(op, ref, got)
+    if bad:
+        cell.notes.append(_misshapen_note(op, bad))
     cell.components = measure_all(op, backend, case, ref, got)
     _low_precision_yardstick(op, case, ref, dtype, cell.components)
     marked = ref["extra"].get("_marked")
@@ -345,7 +403,7 @@ def run_cell(
             return ref["inputs"], ref["grad_outputs"]
         return fresh()
 
-    cell.contracts = _contracts(op, backend, case, got, readable)
+    cell.contracts = _contracts(op, backend, case, got, readable, invariants=not bad)
     if "naive" in got:
         cell.microbatch = _naive_report(op, case, ref, got["naive"])
         _naive_per_component(op, case, ref, got["naive"], cell.components)
@@ -442,14 +500,17 @@ def _output_mismatch(op: OperatorSpec, cell: CellRecord, e: OutputMismatch) -> C
     return cell
 
 
-def _contracts(op: OperatorSpec, backend: Backend, case: Case, got: dict, fresh: Callable) -> list[ContractResult]:
+def _contracts(op: OperatorSpec, backend: Backend, case: Case, got: dict, fresh: Callable,
+               invariants: bool = True) -> list[ContractResult]:
+    """The contracts of one run; ``invariants=False`` where a result is misshapen (the invariants read the
+    results in the contract's shapes)."""
     out = [
         ContractResult("input-unchanged", not got["modified"],
                        ("modified: " + ", ".join(got["modified"])) if got["modified"] else ""),
         ContractResult("guard-bands", not got["guards"], "; ".join(got["guards"][:3]),
                        {"allocations": got["allocations"]}),
     ]
-    if op.invariants is not None and case.microbatches <= 1:
+    if op.invariants is not None and case.microbatches <= 1 and invariants:
         inp, g = fresh()
         fails = op.invariants(got["outs"], got["grads"], inp, case, grad_outputs=g)
         out.append(ContractResult("invariants", not fails, "; ".join(fails[:3])))

@@ -86,26 +86,80 @@ def _loaded_by_conftest(pm: pytest.PytestPluginManager) -> bool:
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]):
     """Installed (entry point), the plugin registers before any conftest: the short names are added once the
     initial conftests have added theirs, so that a project defining its own --backend keeps it."""
+    before = set(_option_owners(parser))
     result = yield
-    add_short_names(parser)
+    add_short_names(parser, by_conftest=set(_option_owners(parser)) - before)
     return result
 
 
-def add_short_names(parser: pytest.Parser) -> list[str]:
-    """Register each short name no other plugin or conftest has taken; returns those added."""
-    taken = {n for grp in getattr(parser, "_groups", []) for opt in grp.options for n in opt.names()}
+def _option_owners(parser: pytest.Parser) -> dict[str, str]:
+    """Each option name registered so far -> its dest."""
+    return {n: str(getattr(opt, "dest", "") or "") for grp in getattr(parser, "_groups", []) for opt in grp.options
+            for n in opt.names()}
+
+
+def add_short_names(parser: pytest.Parser, by_conftest: set[str] | None = None) -> list[str]:
+    """Register each short name no other plugin or conftest has taken; returns those added. The names taken
+    by others are kept (``_STATE["shadowed"]``, short -> (canonical, who took it)) for the one line that names
+    the harness's own option where the harness runs nevertheless (see shadowed_lines). ``by_conftest``: the
+    names the initial conftests registered (None where that is unknown)."""
+    owners = _option_owners(parser)
     g = parser.getgroup("harness")
     added = []
+    shadowed: dict[str, tuple[str, str]] = {}
     for canonical, short in SHORT_NAMES.items():
-        if short in taken:
-            continue
         spec = {**_option_specs()[canonical], "help": f"same as {canonical}"}
+        who = ("a conftest or another plugin" if by_conftest is None else
+               "this project's conftest" if short in by_conftest else "another pytest plugin")
+        if short in owners:
+            if owners[short] != spec["dest"]:  # not the harness's own short name, added by an earlier call
+                shadowed[short] = (canonical, who)
+            continue
         try:
             g.addoption(short, **spec)
         except (ValueError, argparse.ArgumentError):  # taken where we could not see it
+            shadowed[short] = (canonical, "a conftest or another plugin")
             continue
         added.append(short)
+    _STATE["shadowed"] = shadowed
     return added
+
+
+# what a harness run does where the canonical option is not given (for the line of shadowed_lines)
+_UNGIVEN = {"--harness-backend": "every backend runs", "--harness-kernel": "every operator runs",
+            "--harness-sizes": "the smoke cases run", "--harness-plugin": "no adapter is loaded",
+            "--harness-compare": "nothing is compared"}
+
+
+def shadowed_lines(config: pytest.Config) -> list[str]:
+    """One line per short name that a conftest or another plugin took, in a session the harness runs (another
+    harness option was given): ``pytest --backend=x --plugin a.py`` in a project with its own --backend hands
+    --backend to the project, and the harness runs every backend, without a word otherwise (issue #41)."""
+    if not harness_mode(config):
+        return []
+    lines = []
+    for short, (canonical, who) in _STATE.get("shadowed", {}).items():
+        value = config.getoption(_option_specs()[canonical]["dest"], None)
+        given = (f"given: {', '.join(map(str, value)) if isinstance(value, list) else value}"
+                 if value not in (None, []) else f"it was not given: {_UNGIVEN[canonical]}")
+        lines.append(f"harness: {short} belongs to {who}; the harness's own option is {canonical} ({given})")
+    return lines
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return shadowed_lines(config)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The lines of shadowed_lines where no header shows them (-q, --no-header)."""
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is None or hasattr(session.config, "workerinput"):
+        return
+    if getattr(tr, "showheader", False) and not getattr(tr, "no_header", False):
+        return  # pytest_report_header put them in the header
+    for line in shadowed_lines(session.config):
+        tr.write_line(line, yellow=True)
 
 
 def as_list(x: Any) -> list[str]:

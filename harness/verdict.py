@@ -1,4 +1,4 @@
-"""The verdict rule of harness-design.md: the figures it reads (measured in the worker) and the verdict
+"""The verdict rule of docs/design.md: the figures it reads (measured in the worker) and the verdict
 computed from them (anywhere, any time: `harness report` re-judges stored figures).
 
 For each component, with backend k, oracle o (float64) and floor reference r (float32 math,
@@ -82,6 +82,23 @@ def check_shape(name: str, got: Tensor | None, shape: tuple[int, ...], dtype: to
         return ComponentFigures(name, kind="shape", dtype=_dt(got.dtype), expected=want,
                                 got=f"{list(got.shape)} {_dt(got.dtype)}")
     return None
+
+
+def transposed(fig: ComponentFigures) -> str:
+    """The words a SHAPE component's reason adds where it came back with the expected shape reversed (a
+    gradient returned as ``d.t()``), else ""."""
+    def dims(text: str) -> list[str] | None:
+        text = text.strip()
+        if not text.startswith("[") or "]" not in text:
+            return None
+        return [d.strip() for d in text[1:text.index("]")].split(",") if d.strip()]
+
+    want, have = dims(fig.expected or ""), dims(fig.got or "")
+    if want is None or have is None or len(want) < 2 or have == want or have != want[::-1]:
+        return ""
+    if "transpose" in (fig.got or ""):
+        return ""  # autograd's refusal, read back by the oracle, says so already
+    return " (transposed: the expected shape reversed)"
 
 
 def measure(
@@ -201,7 +218,7 @@ def verdict_of(fig: ComponentFigures, k_max: float = K_MAX, k_rms: float = K_RMS
     if fig.kind == "missing":
         return Verdict("FAIL", "not computed: the backend returned no tensor (None)", "missing", figures=fig)
     if fig.kind == "shape":
-        return Verdict("SHAPE", f"expected {fig.expected}, got {fig.got}", "shape", figures=fig)
+        return Verdict("SHAPE", f"expected {fig.expected}, got {fig.got}{transposed(fig)}", "shape", figures=fig)
     tol_max, tol_rms = bounds(fig, k_max, k_rms)
     v = Verdict("PASS", tol_max=tol_max, tol_rms=tol_rms, ratio_max=_ratio(fig.max_excess, tol_max),
                 ratio_rms=_ratio(fig.rms_excess, tol_rms), rms_applies=fig.numel >= RMS_MIN_NUMEL, figures=fig)

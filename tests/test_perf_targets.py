@@ -93,3 +93,55 @@ def test_a_target_with_a_bad_kind_or_bound_is_refused_by_name():
         PerfTarget("fast", "fwd_bwd_ms", 1.1, "below")
     with pytest.raises(ValueError, match="bound must be a finite number"):
         PerfTarget("fast", "fwd_bwd_ms", float("nan"))
+
+
+def _committed_xent() -> dict:
+    return json.loads((Path(__file__).resolve().parents[1] / "reports" / "bench-softmax_xent.json").read_text())
+
+
+def test_targets_of_a_backend_the_run_left_out_say_not_benched_not_no_figure():
+    """`harness bench --kernel softmax_xent --backend torch,cuda` on an H200 (issue #41): the table showed cuda's
+    figures (1.80 ms, 2.57x torch) and two targets said "no figure": cuda-inplace's, which that run did not
+    bench. Rows as the committed bench JSON holds them, without cuda-inplace's."""
+    from harness import registry
+
+    op = registry.get_operator("softmax_xent")
+    rows = _committed_xent()["rows"]
+    assert {r["backend"] for r in rows} >= {"torch", "cuda", "cuda-inplace"}
+    # every backend benched: every target has its figure (the committed report as it stands)
+    assert all(c["measured"] is not None and "absent" not in c for c in check_targets(op.perf_targets, rows, True))
+    picked = [r for r in rows if r["backend"] in ("torch", "cuda")]
+    checks = check_targets(op.perf_targets, picked, gpu=True)
+    by = {(c["backend"], c["target"]): c for c in checks}
+    cuda = [c for c in checks if c["backend"] == "cuda"]
+    assert len(cuda) == 2 and all(c["measured"] is not None and c["met"] is not None for c in cuda), cuda
+    inplace = [c for c in checks if c["backend"] == "cuda-inplace"]
+    assert len(inplace) == 2 and all(c["measured"] is None and c["absent"] == ["cuda-inplace"] for c in inplace)
+    text = render_bench({**_committed_xent(), "rows": picked, "targets": checks}, op.baseline)
+    assert "no figure" not in text, text
+    target = next(t for t in by if t[0] == "cuda-inplace")[1]
+    assert f"| cuda-inplace | bench-N8192-V128256-backward | bf16 | {target} |  | not benched: cuda-inplace not " \
+           "in this run |" in text, text
+    # a backend that was benched and gave no figure still says so: its row failed
+    failed = picked + [{"backend": "cuda-inplace", "case": r["case"], "dtype": r["dtype"], "error": "RuntimeError: x"}
+                       for r in picked if r["backend"] == "cuda"]
+    again = [c for c in check_targets(op.perf_targets, failed, gpu=True) if c["backend"] == "cuda-inplace"]
+    assert again and all(c["met"] is None and "absent" not in c for c in again)
+    assert "no figure" in render_bench({**_committed_xent(), "rows": failed, "targets": again}, op.baseline)
+    # a ratio to a backend the run left out: the other backend is named
+    ratio = check_targets((PerfTarget("cuda", "fwd_bwd_ms", 1.0, versus="torch"),),
+                          [r for r in rows if r["backend"] == "cuda"], gpu=True)
+    assert ratio and all(c["absent"] == ["torch"] for c in ratio)
+
+
+def test_status_says_not_benched_for_a_target_whose_backend_the_committed_bench_left_out(tmp_path: Path):
+    from harness import registry
+
+    op = registry.get_operator("softmax_xent")
+    payload = _committed_xent()
+    payload["rows"] = [r for r in payload["rows"] if r["backend"] != "cuda-inplace"]
+    payload["targets"] = check_targets(op.perf_targets, payload["rows"], gpu=True)
+    (tmp_path / "bench-softmax_xent.json").write_text(json.dumps(payload))
+    text = write_status(tmp_path).read_text()
+    assert "| softmax_xent | cuda-inplace | bench-N8192-V128256-backward |" in text
+    assert "not benched: cuda-inplace not in this run" in text and "no figure" not in text

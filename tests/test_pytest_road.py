@@ -82,6 +82,47 @@ def test_a_project_defining_its_own_backend_option_still_runs_with_defaults(tmp_
     assert ids and all(x.startswith("harness::test_conformance[mhc_pre-golden-float32-") for x in ids), ids
 
 
+def _belongs(out: str) -> list[str]:
+    return [x for x in out.splitlines() if "belongs to" in x]
+
+
+def test_a_short_name_the_project_took_is_named_once_with_the_harnesss_own_option(tmp_path: Path):
+    """`pytest --backend=x --plugin a.py` where the project's conftest has its own --backend: --backend is the
+    project's, the harness runs (--plugin) every backend, and one line says which option is the harness's."""
+    proj = unrelated_project(tmp_path)
+    shutil.copy(PLUGINS / "mhc_wrong.py", proj / "adapter.py")
+    args = ("--backend", "wrong-grads", "--plugin", "adapter.py", "--kernel", "mhc", "--harness-device", "cpu",
+            "--harness-dtype", "float32", "--collect-only")
+    r = pytest_in(proj, *args)  # -q: no header, the line is written at the session's start
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _belongs(r.stdout) == ["harness: --backend belongs to this project's conftest; the harness's own option "
+                                  "is --harness-backend (it was not given: every backend runs)"], r.stdout
+    ids = [x for x in r.stdout.splitlines() if "::" in x]
+    assert any("-golden-" in x for x in ids) and any("-wrong-grads-" in x for x in ids), ids
+    r = pytest_in(proj, *args, "-v")  # with the header: there, once
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(_belongs(r.stdout)) == 1 and "--harness-backend" in _belongs(r.stdout)[0], r.stdout
+    assert r.stdout.index("belongs to") < r.stdout.index("collected"), r.stdout
+    # given, the line says so: the harness's option is the one that chose
+    r = pytest_in(proj, *args[:-1], "--harness-backend", "golden", "--collect-only")
+    assert _belongs(r.stdout) == ["harness: --backend belongs to this project's conftest; the harness's own option "
+                                  "is --harness-backend (given: golden)"], r.stdout
+    # without a harness option the project's --backend is simply its own: no word
+    r = pytest_in(proj, "--backend", "jax")
+    assert r.returncode == 0 and not _belongs(r.stdout) and "harness" not in r.stdout, r.stdout
+
+
+def test_no_such_line_where_no_conftest_took_the_short_name(tmp_path: Path):
+    shutil.copy(PLUGINS / "mhc_wrong.py", tmp_path / "adapter.py")
+    for folder, plugin in ((tmp_path, "adapter.py"), (ROOT, "tests/plugins/mhc_wrong.py")):
+        r = pytest_in(folder, "--backend", "golden", "--plugin", plugin, "--kernel", "mhc",
+                      "--harness-device", "cpu", "--harness-dtype", "float32", "--collect-only", "-v")
+        assert r.returncode == 0, r.stdout + r.stderr
+        ids = [x for x in r.stdout.splitlines() if "test_conformance[" in x]  # -v: the collected tree
+        assert ids and all("-golden-" in x for x in ids), ids  # --backend is the harness's
+        assert not _belongs(r.stdout) and "--harness-backend" not in r.stdout, r.stdout
+
+
 def test_without_a_harness_option_nothing_is_collected(tmp_path: Path):
     (tmp_path / "test_a.py").write_text("def test_a():\n    pass\n")
     r = pytest_in(tmp_path, "--collect-only")
