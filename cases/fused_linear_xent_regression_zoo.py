@@ -17,8 +17,8 @@ _LOAD = "if MODE == 1 or MODE == 3:\n        acc = tl.load(acc_ptr + offs, mask=
 
 register_mutant(Mutant(
     id="xent-lean-dhidden-half-accum", operator="fused_linear_xent", backend="triton-lean",
-    edits=(("wrapper.py", "float32 whatever the inputs (specs/xent.md).\"\"\"\n    return F32",
-             "float32 whatever the inputs (specs/xent.md).\"\"\"\n    return dtype"),
+    edits=(("wrapper.py", "float32 whatever the inputs (docs/specs/fused_linear_xent.md).\"\"\"\n    return F32",
+             "float32 whatever the inputs (docs/specs/fused_linear_xent.md).\"\"\"\n    return dtype"),
            # the running sum is read back into the float32 dot (which compiles for float32 accumulators only)
            # and stored in the input dtype again: one rounding per slab
            ("kernels.py", _LOAD, _LOAD + ".to(tl.float32)")),

@@ -1,4 +1,4 @@
-"""Bug-zoo mutants of the Triton fused_linear_xent backend (specs/bug-zoo.md, seed: fused xent log).
+"""Bug-zoo mutants of the Triton fused_linear_xent backend (docs/specs/bug-zoo.md, seed: fused xent log).
 
 Edits apply to a temporary copy of backends/triton/fused_linear_xent/.
 """

@@ -1,4 +1,4 @@
-"""Bug-zoo mutants of the Triton lazy_attention backend (specs/bug-zoo.md); they run on CPU too.
+"""Bug-zoo mutants of the Triton lazy_attention backend (docs/specs/bug-zoo.md); they run on CPU too.
 
 Edits apply to a copy of backends/triton/lazy_attention/. The seed bugs only show with H >= 2, and
 the dO head-stride bug only when q and dO have different strides: q/k/v are transposed views of a

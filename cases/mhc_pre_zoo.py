@@ -1,4 +1,4 @@
-"""Bug-zoo mutants of the mhc_pre backends (specs/bug-zoo.md): the Triton ones run on CPU too, the CUDA
+"""Bug-zoo mutants of the mhc_pre backends (docs/specs/bug-zoo.md): the Triton ones run on CPU too, the CUDA
 cluster kernel's on a GPU only.
 
 Edits apply to a copy of the backend's package. The Triton dx kernel's blocks are BLOCK_ND features of

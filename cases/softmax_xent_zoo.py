@@ -1,4 +1,4 @@
-"""Bug-zoo mutants of the raw CUDA softmax_xent backend (specs/bug-zoo.md); they run on a GPU only.
+"""Bug-zoo mutants of the raw CUDA softmax_xent backend (docs/specs/bug-zoo.md); they run on a GPU only.
 
 Edits apply to backends/cuda/softmax_xent/ (a temporary copy; the mutated .cu gets its own build).
 """

@@ -133,7 +133,7 @@ def test_a_smoke_preset_without_the_sweep_layouts_and_block_size_is_found_short(
     assert coverage["planted"] == {"example-triton": want, "example-triton-wrong": want}
 
 
-# ---- 64-bit offsets at full size (README "64-bit offsets") --------------------------------------------------
+# ---- 64-bit offsets at full size (docs/design.md, "64-bit offsets") --------------------------------------------------
 
 # per operator: the largest element offset at which a row (token) of its largest tensor starts; a 32-bit
 # offset computed there overflows when it reaches 2^31

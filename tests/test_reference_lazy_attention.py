@@ -1,5 +1,5 @@
 """The lazy-attention reference against the spec: autograd gradcheck, the causal mask, and the
-spec's hand-written backward formulas (specs/lazy_attention.md)."""
+spec's hand-written backward formulas (docs/specs/lazy_attention.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The verdict rule: what must fail and what must pass (harness-design.md, issue acceptance)."""
+"""The verdict rule: what must fail and what must pass (docs/design.md, issue acceptance)."""
 
 from __future__ import annotations
 

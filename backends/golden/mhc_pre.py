@@ -1,6 +1,6 @@
 """`golden` mhc_pre: the spec's hand-written backward in eager torch (the seed's mhc_backward_manual).
 
-Not autograd: the forward saves what the backward formulas of specs/mhc_pre.md need, and the backward
+Not autograd: the forward saves what the backward formulas of docs/specs/mhc_pre.md need, and the backward
 evaluates them in float32 whatever x's dtype, returning dx in x's dtype.
 """
 

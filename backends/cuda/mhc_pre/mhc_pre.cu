@@ -1,5 +1,5 @@
 // mhc_pre forward in one read of x: a thread-block cluster shares the per-token sums on chip
-// (specs/mhc_pre.md, issue 27). Raw CUDA, sm_90; standalone (no torch headers), launched through the
+// (docs/specs/mhc_pre.md, issue 27). Raw CUDA, sm_90; standalone (no torch headers), launched through the
 // extern "C" functions at the bottom, which return the launch's cudaError_t (or kUnsupported).
 //
 // Why clusters: h_in = sum_k h_pre_k x_k needs h_pre, which needs the whole token row (n*D features)
@@ -38,7 +38,7 @@
 // divisions 1.01. ncu at 8002ed4: 325 M warp instructions (124 M without the MMAs, at 820829a), tensor pipe 9%
 // active, warps stalled mostly on barriers (3.2 cycles per issue) and fixed-latency dependencies (2.2):
 // the phases run one after another in each block, and 3 blocks per SM do not hide them.
-// What would reach 70% of copy bandwidth: see README.md, "mhc_pre: the one-read cluster forward".
+// What would reach 70% of copy bandwidth: see docs/kernels/cuda-mhc_pre.md (its section of that name).
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -603,7 +603,7 @@ extern "C" {
 
 // The forward. x: [B, S, n, D] with element strides sx*; w: phi * gamma as bf16 parts [3, MP, n*D]; wf:
 // scratch of mhc_wfrag_bytes(n, D) bytes for W's MMA fragments;
-// outputs as in specs/mhc_pre.md plus h_mix [T, MP], inv_rms [T], h_pre [T, n] (dense float32), h_in
+// outputs as in docs/specs/mhc_pre.md plus h_mix [T, MP], inv_rms [T], h_pre [T, n] (dense float32), h_in
 // [T, D] dense in x's dtype. plan_out (may be NULL): C, DS, tokens per block, threads, shared memory.
 // Returns 0, a cudaError_t, or -1 where the shape does not fit a cluster's shared memory.
 int mhc_fwd(const void* x, int dtype, int64_t B, int64_t S, int n, int64_t D, int64_t sxb, int64_t sxs,

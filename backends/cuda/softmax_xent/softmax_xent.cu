@@ -1,4 +1,4 @@
-// softmax_xent: cross-entropy over materialized logits [N, V] (specs/xent.md), raw CUDA, sm_90.
+// softmax_xent: cross-entropy over materialized logits [N, V] (docs/specs/softmax_xent.md), raw CUDA, sm_90.
 //
 // Standalone: no torch headers. Everything is launched through the extern "C" functions at the
 // bottom, which take raw pointers, sizes, element strides, a dtype code and a cudaStream_t, and

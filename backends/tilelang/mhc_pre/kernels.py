@@ -1,4 +1,4 @@
-"""TileLang kernels of ``mhc_pre`` (specs/mhc_pre.md), specialized per (n, D, dtype).
+"""TileLang kernels of ``mhc_pre`` (docs/specs/mhc_pre.md), specialized per (n, D, dtype).
 
 Layout: x is viewed as X [T, n*D] (row-major, made contiguous by the wrapper); T is a dynamic
 dimension, n, D and the scalars are compile-time constants. M = n*n + 2n is padded to Mp (a

@@ -1,4 +1,4 @@
-"""Triton kernels of the fused linear cross-entropy (specs/xent.md).
+"""Triton kernels of the fused linear cross-entropy (docs/specs/fused_linear_xent.md).
 
 Naming: T tokens (rows of hidden), V vocabulary entries (rows of weight), H hidden features.
 GEMM kernels share one main loop (``_mm``) and differ in their epilogues: logits with online-LSE
@@ -173,7 +173,7 @@ def _row_coef(rows, rmask, y_ptr, s_y, g_ptr, s_g, den_ptr, glse_ptr, s_gl, igno
 
 @triton.jit
 def _dz(z, cols, y, lse, coef, gl, eps, lam, inv_v, cap, SOFTCAP: tl.constexpr):
-    """dZ of specs/xent.md for a tile of (softcapped) logits, then through the softcap."""
+    """dZ of docs/specs/softmax_xent.md for a tile of (softcapped) logits, then through the softcap."""
     p = tl.exp(z - lse[:, None])
     a = coef * (1.0 + 2.0 * lam * lse) + gl
     hit = cols[None, :] == y[:, None]

@@ -1,6 +1,6 @@
 """Launch helpers, the autograd Function and the user-facing ``fused_linear_xent`` of the Triton backends.
 
-Two modes (specs/xent.md, "two honest designs"):
+Two modes (docs/specs/fused_linear_xent.md, "two honest designs"):
 
 * ``fast``, held logits (``holds_logits``: when the whole batch's logits take no more memory than the
   token-chunk design below would): the forward forms every token's logits with online-LSE partials
@@ -315,9 +315,10 @@ def logits_bytes_per_token(V: int, dtype: torch.dtype, cfg: Config) -> int:
 def holds_logits(T: int, V: int, H: int, dtype: torch.dtype, cfg: Config) -> bool:
     """Whether the fast mode keeps the whole batch's logits from the forward to the backward: when they
     take no more memory than the token-chunk design's float32 [V, H] dweight buffer beside one chunk's
-    logits (so peak memory stays O(chunk * V + V * H), specs/xent.md). The backward then forms dZ with the
-    real upstream gradient and finishes dweight and dhidden in one GEMM each over all tokens: no float32
-    buffer, no read-modify-write passes, no casts, 6*N*H*V FLOPs for every reduction and LSE output."""
+    logits (so peak memory stays O(chunk * V + V * H), docs/specs/fused_linear_xent.md). The backward then
+    forms dZ with the real upstream gradient and finishes dweight and dhidden in one GEMM each over all
+    tokens: no float32 buffer, no read-modify-write passes, no casts, 6*N*H*V FLOPs for every reduction and
+    LSE output."""
     row = logits_bytes_per_token(V, dtype, cfg)
     return T <= cfg.chunk or T * row <= V * H * 4 + cfg.chunk * row
 
@@ -454,7 +455,8 @@ class _LeanPlan:
 
 
 def dh_acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The lean backward's dhidden sum over vocabulary slabs: float32 whatever the inputs (specs/xent.md)."""
+    """The lean backward's dhidden sum over vocabulary slabs:
+    float32 whatever the inputs (docs/specs/fused_linear_xent.md)."""
     return F32
 
 

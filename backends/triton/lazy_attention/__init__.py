@@ -1,1 +1,1 @@
-"""Triton backend of lazy_attention (specs/lazy_attention.md)."""
+"""Triton backend of lazy_attention (docs/specs/lazy_attention.md)."""

@@ -1,4 +1,4 @@
-"""Triton kernels of ``lazy_attention`` (specs/lazy_attention.md).
+"""Triton kernels of ``lazy_attention`` (docs/specs/lazy_attention.md).
 
 Scores are kept in log2 units, s2 = log2(e) * (scale q.k + bias[i-j]), so every exponential is an
 exp2; ``LSE`` stores lse2 = log2(sum_j 2^s2) (float32) for the backward. Each key/query loop is split

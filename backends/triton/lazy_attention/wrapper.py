@@ -1,4 +1,4 @@
-"""Launch helpers, the autograd Function and ``lazy_attention_triton`` (specs/lazy_attention.md)."""
+"""Launch helpers, the autograd Function and ``lazy_attention_triton`` (docs/specs/lazy_attention.md)."""
 
 from __future__ import annotations
 

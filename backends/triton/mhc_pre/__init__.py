@@ -1,1 +1,1 @@
-"""Triton backend of mhc_pre (specs/mhc_pre.md)."""
+"""Triton backend of mhc_pre (docs/specs/mhc_pre.md)."""

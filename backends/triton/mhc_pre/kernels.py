@@ -1,4 +1,4 @@
-"""Triton kernels of ``mhc_pre`` (specs/mhc_pre.md): forward GEMM + epilogue, two-phase backward.
+"""Triton kernels of ``mhc_pre`` (docs/specs/mhc_pre.md): forward GEMM + epilogue, two-phase backward.
 
 Exact float32 GEMMs on bf16 tensor cores: a float32 operand is split into three bf16 parts (hi + mid
 + lo hold all 24 significant bits; bf16 x is exact in one part, fp16 in two). Products of parts are

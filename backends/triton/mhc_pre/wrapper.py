@@ -1,5 +1,5 @@
 """Launch helpers, the autograd Function, the user-facing ``mhc_pre_triton`` and the harness's (forward, backward)
-pair (specs/mhc_pre.md)."""
+pair (docs/specs/mhc_pre.md)."""
 
 from __future__ import annotations
 
