@@ -58,7 +58,7 @@ class ChunkPlan:
         sizes = {math.prod(b - a for a, b in c) for c in self.chunks}
         return (f"oracle and floor evaluated in {len(self.chunks)} chunks of at most {max(sizes)} slices along "
                 f"{' x '.join(self.axes)}: the float32 floor's library calls (GEMMs) ran at the chunk's shape, "
-                "where they may round less than at the whole case's (docs/design.md, "Large cases")")
+                "where they may round less than at the whole case's (docs/design.md, 'Large cases')")
 
     def split(self, name: str) -> bool:
         """Does this tensor have every axis (its chunks are its parts, not partial sums)?"""
