@@ -31,19 +31,22 @@ from .registry import Backend
 from .runner import CellExecutor, Task, plan
 from .spec import Case, Component, OperatorSpec
 
-DEFAULT_TIMEOUT = 120.0
+DEFAULT_TIMEOUT = 30.0  # a tiny case: a backend that takes longer hangs, or compiles for long (--timeout S)
 PRESET = "smoke"
 WIDTH = 100
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of `harness check`."""
-    parser.add_argument("plugins", nargs="+", metavar="PLUGIN",
+    """The options of `harness check` (a bad value: cli's one-line usage error, exit 2)."""
+    from .cli import device_arg, plugin_arg, seconds
+
+    parser.add_argument("plugins", nargs="+", metavar="PLUGIN", type=plugin_arg,
                         help="adapter file (path/to/adapter.py) or module (package.module)")
-    parser.add_argument("--device", default=None,
+    parser.add_argument("--device", type=device_arg, default=None,
                         help="cpu, cuda or cuda:N (default: cuda if this machine has a GPU, else cpu)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
-                        help=f"seconds the tiny case may take before it is a TIMEOUT (default {DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT,
+                        help=f"seconds each tiny case may take before it is a TIMEOUT (default {DEFAULT_TIMEOUT:g}; "
+                             "a backend that compiles for longer needs more)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -274,7 +277,9 @@ def explain(cell: CellRecord, s: Subject) -> list[Finding]:
     if cell.status == Status.TIMEOUT:
         return [Finding("timeout", f"no result within {s.timeout:g} s (--timeout) on {cell.case.name}, the "
                                    "smallest case: the worker was killed. The kernel hangs (a loop that never ends, "
-                                   "a wait that never returns) or is far too slow for a case this small.")]
+                                   "a wait that never returns) or is far too slow for a case this small. If it only "
+                                   "needs longer (a first compile), wait longer: `harness check "
+                                   f"{' '.join(s.plugins) or '...'} --timeout S` with S seconds above {s.timeout:g}.")]
     if cell.status == Status.CRASH:
         crash = Finding("crash", f"{cell.error} ({cell.case.name}, {cell.dtype}): the kernel took the process down "
                                  "(an invalid memory access, an abort, os._exit); the check went on in a fresh "

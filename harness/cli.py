@@ -5,21 +5,30 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import re
 import shlex
 import sys
+import tempfile
 import time
+import traceback
+from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from . import registry
 from .records import CellRecord
 from .session import (
+    DEFAULT_REPORT_ROOT,
+    HARNESS_DIR,
     CannotRunHere,
     RunRequest,
     RunSession,
     UsageError,
     checked_device,
     default_device,
+    ensure_harness_dir,
     load_plugins,
     parsed_device,
 )
@@ -30,6 +39,8 @@ log = logging.getLogger("harness")
 
 # one definition of each, shared with the pytest plugin (harness/session.py)
 _load_plugins = load_plugins
+
+EX_SOFTWARE = 70  # an exception the harness did not expect: a bug in it (sysexits.h), one line and a trace file
 
 
 def _progress(total: int, enabled: bool):
@@ -69,11 +80,49 @@ def _resume(tasks: list, dir_: Path, commit: str) -> tuple[list, list[str]]:
     return left, sorted(used)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or a CI job's stop, `kill`), raised in the main thread and handled as Ctrl-C is:
+    workers stopped, the report of what completed, the --resume command; exit 128+15."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM raises Terminated while the cells run (in the main thread; elsewhere it is left alone); the
+    runner holds it back, as it does SIGINT, while it starts a worker. A second SIGTERM, while the
+    interrupted run is being reported, ends the process as SIGTERM does."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum: int, _frame: Any) -> None:
+        raise Terminated(signum)
+
+    old = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def cmd_run(a: argparse.Namespace) -> int:
     from . import report
     from .runner import per_worker_counts
     from .session import LocalPool
 
+    _load_plugins(a.plugin)  # first: a plugin's operators count among --kernel's names and have presets
+    if not as_list(a.kernel):
+        raise UsageError(f"--kernel {a.kernel!r}: expected an operator id, a family (e.g. mhc) or 'all'")
+    for op_name in _operators(as_list(a.kernel)):
+        presets = registry.get_operator(op_name).presets
+        if a.sizes not in presets:
+            raise UsageError(f"--sizes {a.sizes!r}: operator {op_name} has the presets {', '.join(presets)}")
     req = RunRequest(as_list(a.kernel), a.sizes, as_list(a.backend) or None, as_list(a.dtype) or None, a.device,
                      list(a.plugin), a.seed, a.repeats, a.case, a.report,
                      command="harness " + " ".join(shlex.quote(x) for x in sys.argv[1:]), compare=a.compare,
@@ -85,7 +134,8 @@ def cmd_run(a: argparse.Namespace) -> int:
         # a GPU runs a GPU sweep), and they name the report's device class
         from .ray_executor import RayExecutor  # imports Ray (a usage error naming the extra without it)
 
-        pool = RayExecutor(list(a.plugin), parsed_device(a.device), a.ray_address, a.timeout, a.workers)
+        pool = RayExecutor(list(a.plugin), parsed_device(a.device), a.ray_address, a.timeout, a.workers,
+                           max_hangs=a.max_hangs)
         req.device, req.elsewhere = pool.device, pool.describe()
     try:
         session = RunSession(req, extra_tasks=extra)
@@ -100,13 +150,19 @@ def cmd_run(a: argparse.Namespace) -> int:
         if pool is not None:
             pool.close()
         raise
-    recorded = _recorded(a.report, device, session.device_class, plan.tasks)
-    if pool is None:
-        pool = LocalPool(registry.plugins_loaded(), a.workers, a.timeout, **recorded)
-    else:
-        pool.durations.update(recorded["durations"])
-        pool.peaks.update(recorded["peaks"])
-    session.begin()
+    try:
+        ensure_harness_dir(a.report)
+        recorded = _recorded(a.report, device, session.device_class, plan.tasks)
+        if pool is None:
+            pool = LocalPool(registry.plugins_loaded(), a.workers, a.timeout, **recorded, max_hangs=a.max_hangs)
+        else:
+            pool.durations.update(recorded["durations"])
+            pool.peaks.update(recorded["peaks"])
+        session.begin()  # refused where another run holds the report folder: the Ray pool must not leak
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
     bar = _progress(len(plan.tasks), not a.no_progress)
     t0 = time.time()
 
@@ -116,11 +172,15 @@ def cmd_run(a: argparse.Namespace) -> int:
             bar.update(1)
 
     try:
-        session.execute(pool, on_cell)
-    except KeyboardInterrupt:
+        with _sigterm_as_interrupt():
+            session.execute(pool, on_cell)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated): the same stop, the same report
         if bar is not None:
             bar.close()
-        return session.interrupted()
+        if isinstance(e, Terminated):
+            print("harness run: terminated (SIGTERM)", file=sys.stderr)
+        code = session.interrupted()
+        return 128 + e.signum if isinstance(e, Terminated) else code
     if bar is not None:
         bar.close()
     try:
@@ -155,20 +215,20 @@ def cmd_run(a: argparse.Namespace) -> int:
     return code
 
 
-def _recorded(root: str, device: str, device_class: str, tasks: list) -> dict[str, dict]:
+def _recorded(root: str, device: str, dev_class: str, tasks: list) -> dict[str, dict]:
     """The report's earlier timings and GPU memory peaks of these cells on this device class: the longest
     groups start first, and workers sharing a GPU start together only groups that fit in it."""
     from . import report
 
     ops = sorted({t.operator for t in tasks})
     fields = ("duration_s", "peak_mem_mb")
-    rec = report.recorded(Path(root) / device_class, ops, fields)
+    rec = report.recorded(Path(root) / dev_class, ops, fields)
     if device.startswith("cuda"):
         # first run on this GPU class: another GPU class's records still rank the groups and size them
         for d in sorted(Path(root).glob("*/")):
             if all(rec.values()):
                 break
-            if d.name not in ("cpu", device_class(device)):
+            if d.name not in ("cpu", dev_class):
                 other = report.recorded(d, ops, fields)
                 rec = {f: rec[f] or other[f] for f in fields}
     return {"durations": rec["duration_s"], "peaks": rec["peak_mem_mb"]}
@@ -222,9 +282,12 @@ def busiest_backends(results: list[CellRecord], top: int = 5) -> str:
 
 def _save_repros(session: RunSession) -> None:
     """A bundle per failing cell; failing hypothesis-drawn cells are first shrunk to a minimal case."""
+    from .hangs import HangGuard
     from .judgement import judge_cell
 
-    bad = [c for c in session.results if judge_cell(c, device_class=session.device_class).failing]
+    # a cell not run because its backend hung before has nothing to replay: the cells that hung have bundles
+    bad = [c for c in session.results if judge_cell(c, device_class=session.device_class).failing
+           and not HangGuard.is_stand_in(c)]
     shrunk: set[tuple] = set()
     for c in bad[:20]:
         key = (c.operator, c.backend, c.dtype)
@@ -263,8 +326,16 @@ def _hypothesis_tasks(a: argparse.Namespace, device: str) -> list:
     from . import runner
     from .strategies import sample_cases
 
+    ops = registry.resolve_kernels(as_list(a.kernel))
+    # an operator without a strategy would quietly run without the drawn cases: refused instead
+    without = [o for o in ops if registry.get_operator(o).strategy is None]
+    if without:
+        having = sorted(n for n, op in registry.operators().items() if op.strategy is not None)
+        raise UsageError(f"--hypothesis {a.hypothesis}: no hypothesis strategy for operator(s) {', '.join(without)} "
+                         "(OperatorSpec.strategy draws the cases); operators with one: "
+                         f"{', '.join(having) or '(none)'}; leave out --hypothesis or narrow --kernel to those")
     extra = []
-    for op_name in registry.resolve_kernels(as_list(a.kernel)):
+    for op_name in ops:
         cases = sample_cases(op_name, device.split(":")[0], a.hypothesis, a.seed)
         sub = runner.plan(
             [op_name],
@@ -287,6 +358,9 @@ def cmd_list(a: argparse.Namespace) -> int:
     for name, op in sorted(ops.items()):
         fam = f" (family: {', '.join(op.aliases)})" if op.aliases else ""
         print(f"{name}{fam}: {op.doc}")
+        page = Path(__file__).resolve().parent.parent / "docs" / "specs" / f"{name}.md"
+        if page.exists():  # an in-tree operator's spec page (a plugin's operator documents itself)
+            print(f"  spec: docs/specs/{name}.md")
         print(f"  components: {', '.join(c.name for c in op.components)}")
         print(
             f"  presets: {', '.join(op.presets)}; dtypes on {device.split(':')[0]}: "
@@ -310,13 +384,22 @@ def cmd_report(a: argparse.Namespace) -> int:
 
     _load_plugins(a.plugin)
     root = Path(a.report)
+    if not root.is_dir():
+        raise UsageError(f"--report {a.report}: no such folder; expected a report folder that `harness run` wrote "
+                         f"(by default {DEFAULT_REPORT_ROOT} under the current folder)")
+    if not any(any(root.glob(g)) for g in ("*/*.jsonl", "bench-*.json", "*/bench-*.json", "*/mutants*.json")):
+        raise UsageError(f"--report {a.report}: holds no reports (no <device-class>/<operator>.jsonl, no "
+                         "bench-<operator>.json); expected a report folder that `harness run` or `harness bench` wrote")
     out = []
-    for d in sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []:
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
         for j in sorted(d.glob("*.jsonl")):
-            report.compact(d, j.stem)  # only what the report shows: the history lives in git
-            out += report.render(d, j.stem)
+            try:
+                report.compact(d, j.stem)  # only what the report shows: the history lives in git
+                out += report.render(d, j.stem)
+            except OSError as e:  # a full disk, a read-only folder: the folder given, not a harness bug
+                raise UsageError(f"--report {a.report}: cannot write the report in {d}: {e.strerror or e}") from e
     # bench reports: redrawn from their JSON, the targets judged by the operators' current declarations
-    for j in sorted(root.glob("bench-*.json")) + sorted(root.glob("*/bench-*.json")) if root.exists() else []:
+    for j in sorted(root.glob("bench-*.json")) + sorted(root.glob("*/bench-*.json")):
         md = redraw(j)
         out += [md] if md else []
     status = write_status(root)
@@ -328,9 +411,13 @@ def cmd_mutants(a: argparse.Namespace) -> int:
     from .mutants import run_zoo
 
     _load_plugins(a.plugin)  # a plugin's mutants (and backends) join the zoo
+    kernels = as_list(a.kernel) or ["all"]
+    _operators(kernels)
+    device = checked_device(a.device)
+    ensure_harness_dir(a.report)
     return run_zoo(
-        as_list(a.kernel) or ["all"],
-        checked_device(a.device),
+        kernels,
+        device,
         a.report,
         a.timeout,
         only=as_list(a.only) or None,
@@ -342,10 +429,21 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from .bench import run_bench
 
     _load_plugins(a.plugin)
+    kernels = as_list(a.kernel) or ["all"]
+    ops = _operators(kernels)
+    backends = as_list(a.backend)
+    known = {b.name for o in ops for b in registry.backends(o)}
+    unknown = [n for n in backends if n not in known]
+    if unknown:
+        raise UsageError(f"--backend {','.join(unknown)}: no selected operator has such a backend (" + "; ".join(
+            f"{o}: {', '.join(sorted(b.name for b in registry.backends(o))) or '(none)'}" for o in ops) + ")")
+    _dtypes(as_list(a.dtype))
+    device = checked_device(a.device)
+    ensure_harness_dir(a.report)
     return run_bench(
-        as_list(a.kernel) or ["all"],
-        as_list(a.backend) or None,
-        checked_device(a.device),
+        kernels,
+        backends or None,
+        device,
         a.report,
         as_list(a.dtype) or None,
         a.reps,
@@ -361,8 +459,99 @@ def cmd_repro(a: argparse.Namespace) -> int:
     return replay(a.bundle, a.device, a.timeout)
 
 
+def _operators(kernels: list[str]) -> list[str]:
+    """--kernel's operators (after the plugins: a plugin's operator counts); an unknown name is a usage error."""
+    try:
+        return registry.resolve_kernels(kernels)
+    except KeyError as e:
+        raise UsageError(str(e.args[0]) if e.args else str(e)) from e
+
+
+def _dtypes(names: list[str]) -> None:
+    from .spec import dtype_of
+
+    for d in names:
+        try:
+            dtype_of(d)
+        except ValueError as e:
+            raise UsageError(f"--dtype {d!r}: {e}") from e
+
+
+# -- arguments: a bad one is one line naming it, and exit 2 ------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line on stderr (``harness run: error: argument --timeout: ...``),
+    exit 2, without the usage block (``--help`` shows that)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        message = re.sub(r"^argument (\S+): (?=\1 )", "", message)  # "argument --device: --device 'gpu': ..."
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _number(kind: type, text: str, ok: Any, expected: str) -> Any:
+    try:
+        v = kind(text)
+    except ValueError:
+        v = None
+    if v is None or not ok(v):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return v
+
+
+def seconds(text: str) -> float:
+    """A time limit: seconds, finite and above 0."""
+    return _number(float, text, lambda v: 0 < v < math.inf, "a number of seconds above 0")
+
+
+def at_least(n: int):
+    """A whole number >= n."""
+    def check(text: str) -> int:
+        return _number(int, text, lambda v: v >= n, f"a whole number >= {n}")
+
+    return check
+
+
+def growth(text: str) -> float:
+    return _number(float, text, lambda v: 1 < v < math.inf, "a growth factor above 1 (1.5: a ratio grown by half)")
+
+
+def fraction(text: str) -> float:
+    return _number(float, text, lambda v: 0 <= v <= 1, "a fraction from 0 to 1")
+
+
+def device_arg(text: str) -> str:
+    try:
+        return parsed_device(text) or text
+    except UsageError as e:  # "--device 'gpu': expected cpu, cuda (every visible GPU) or cuda:N"
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def plugin_arg(text: str) -> str:
+    """An adapter file or an importable module's name; a folder or nothing is refused here, a file that does
+    not exist or does not load when it is loaded (registry.load_plugin names file and line)."""
+    if not text.strip() or Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"expected an adapter file (path/to/adapter.py) or a module "
+                                         f"(package.module), got {'a folder' if text.strip() else 'nothing'}: {text!r}")
+    return text
+
+
+def report_arg(text: str) -> str:
+    """A folder for reports: absent (created) or a folder; a file, or a path through a file, is refused."""
+    p = Path(text)
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder, got nothing")
+    if p.exists() and not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file; expected a folder for the reports")
+    for parent in p.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise argparse.ArgumentTypeError(f"{text!r}: {parent} is a file; expected a folder for the reports")
+            break
+    return text
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="harness", description="Conformance harness for gradient kernels.")
+    p = _Parser(prog="harness", description="Conformance harness for gradient kernels.")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -374,10 +563,14 @@ def parser() -> argparse.ArgumentParser:
             help="operator id, family alias (e.g. mhc) or 'all'; comma-separated",
         )
         sp.add_argument(
-            "--device", default=None, help="cpu, cuda (all visible GPUs) or cuda:N; default: cuda if present"
+            "--device", type=device_arg, default=None,
+            help="cpu, cuda (all visible GPUs) or cuda:N; default: cuda if present"
         )
-        sp.add_argument("--plugin", action="append", default=[], help="adapter file or module (repeatable)")
-        sp.add_argument("--report", default="reports", help="report directory (default: reports)")
+        sp.add_argument("--plugin", type=plugin_arg, action="append", default=[],
+                        help="adapter file or module (repeatable)")
+        sp.add_argument("--report", type=report_arg, default=DEFAULT_REPORT_ROOT, metavar="DIR",
+                        help=f"report folder (default: {DEFAULT_REPORT_ROOT} under the current folder, which git "
+                             "ignores; the project's committed evidence: --report reports)")
         sp.add_argument("--no-progress", action="store_true")
 
     r = sub.add_parser("run", help="run conformance cells and write reports")
@@ -387,8 +580,11 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--dtype", default=None, help="comma-separated dtypes (default: the device's list)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--case", default=None, help="only cases whose name contains this")
-    r.add_argument("--timeout", type=float, default=300.0, help="seconds per cell before TIMEOUT")
-    r.add_argument("--workers", type=int, default=None,
+    r.add_argument("--timeout", type=seconds, default=300.0, help="seconds per cell before TIMEOUT")
+    r.add_argument("--max-hangs", type=at_least(0), default=2, metavar="N",
+                   help="a backend that times out on N cells in a row has its other cells reported as TIMEOUT "
+                        "(\"not run: the backend hung twice\") without running them (default 2; 0: run every cell)")
+    r.add_argument("--workers", type=at_least(1), default=None,
                    help="worker processes (default: GPUs, or 2 on CPU); with --executor ray: the most cell groups "
                         "sharing one GPU (default 1)")
     r.add_argument("--executor", choices=("local", "ray"), default="local",
@@ -397,43 +593,46 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="with --executor ray: the cluster (default: $RAY_ADDRESS, else a cluster running on this "
                         "machine, else a local Ray started for the run)")
-    r.add_argument("--repeats", type=int, default=2, help="backend runs per cell (2 checks determinism)")
-    r.add_argument("--hypothesis", type=int, default=0, metavar="N", help="also run N hypothesis-drawn cases")
+    r.add_argument("--repeats", type=at_least(1), default=2, help="backend runs per cell (2 checks determinism)")
+    r.add_argument("--hypothesis", type=at_least(0), default=0, metavar="N",
+                   help="also run N hypothesis-drawn cases (operators that declare a strategy)")
     r.add_argument("--resume", action="store_true",
                    help="skip cells that already have a result from a run at this commit (a sweep cut short)")
     r.add_argument("--compare", default=None, metavar="REF",
                    help="compare each cell with REF's (a report directory, or a git revision whose committed "
                         "reports are read): a component whose error ratio grew is a REGRESSION (exit 1)")
-    r.add_argument("--compare-fail", type=float, default=1.5, metavar="X",
+    r.add_argument("--compare-fail", type=growth, default=1.5, metavar="X",
                    help="growth of a ratio (max or rms) that is a regression (default 1.5)")
-    r.add_argument("--compare-require", type=float, default=0.9, metavar="F",
+    r.add_argument("--compare-require", type=fraction, default=0.9, metavar="F",
                    help="least fraction of the run's cells that must be compared, else exit 2 (default 0.9)")
     r.add_argument("--compare-accept", action="store_true",
                    help="record an intended change: regressions are listed as accepted and do not fail the run")
     r.set_defaults(fn=cmd_run)
 
     ls = sub.add_parser("list", help="operators, backends and whether each can run here")
-    ls.add_argument("--device", default=None)
-    ls.add_argument("--plugin", action="append", default=[])
+    ls.add_argument("--device", type=device_arg, default=None)
+    ls.add_argument("--plugin", type=plugin_arg, action="append", default=[])
     ls.set_defaults(fn=cmd_list)
 
-    rp = sub.add_parser("report", help="re-render markdown/JSON reports and reports/STATUS.md")
-    rp.add_argument("--report", default="reports")
-    rp.add_argument("--plugin", action="append", default=[],
+    rp = sub.add_parser("report", help="re-render a report folder's markdown/JSON reports and its STATUS.md")
+    rp.add_argument("--report", type=report_arg, default=DEFAULT_REPORT_ROOT, metavar="DIR",
+                    help=f"the report folder (default: {DEFAULT_REPORT_ROOT}; the project's committed evidence: "
+                         "--report reports)")
+    rp.add_argument("--plugin", type=plugin_arg, action="append", default=[],
                     help="adapter file or module whose backends' declarations apply when re-judging (repeatable)")
     rp.set_defaults(fn=cmd_report)
 
     m = sub.add_parser("mutants", help="run the bug zoo and report the mutation score")
     common(m, kernel_default="all")
     m.add_argument("--only", default=None, help="comma-separated mutant ids")
-    m.add_argument("--timeout", type=float, default=300.0)
+    m.add_argument("--timeout", type=seconds, default=300.0, help="seconds per cell before TIMEOUT")
     m.set_defaults(fn=cmd_mutants)
 
     b = sub.add_parser("bench", help="time forward/backward per backend, with rooflines")
     common(b, kernel_default="all")
     b.add_argument("--backend", default=None)
     b.add_argument("--dtype", default=None)
-    b.add_argument("--reps", type=int, default=0,
+    b.add_argument("--reps", type=at_least(0), default=0,
                    help="least timed calls per measurement (default 20 on a GPU, 5 elsewhere)")
     b.add_argument("--profile", action="store_true",
                    help="add a per-kernel breakdown of forward+backward (torch.profiler) to the report")
@@ -448,10 +647,12 @@ def parser() -> argparse.ArgumentParser:
     ck.set_defaults(fn=check.run)
 
     rr = sub.add_parser("repro", help="replay a saved failure bundle")
-    rr.add_argument("bundle")
-    rr.add_argument("--device", default=None)
-    rr.add_argument("--timeout", type=float, default=300.0, help="seconds before the replayed cell is a TIMEOUT")
-    rr.add_argument("--plugin", action="append", default=[], help="adapter file or module (repeatable)")
+    rr.add_argument("bundle", metavar="BUNDLE", help="a bundle's folder (as `harness run` printed it) or its "
+                                                     "bundle.json")
+    rr.add_argument("--device", type=device_arg, default=None)
+    rr.add_argument("--timeout", type=seconds, default=300.0, help="seconds before the replayed cell is a TIMEOUT")
+    rr.add_argument("--plugin", type=plugin_arg, action="append", default=[],
+                    help="adapter file or module (repeatable)")
     rr.set_defaults(fn=cmd_repro)
     return p
 
@@ -467,6 +668,38 @@ def main(argv: list[str] | None = None) -> int:
     except CannotRunHere as e:
         print(f"harness {a.cmd}: {e}", file=sys.stderr)
         return 3
+    except Exception as e:  # noqa: BLE001 - a bug of the harness (KeyboardInterrupt, SystemExit pass through)
+        return internal_error(a.cmd, e, sys.argv[1:] if argv is None else argv)
+
+
+def internal_error(cmd: str, e: BaseException, argv: list[str] | None = None) -> int:
+    """One line on stderr naming the exception and the file that holds its full trace; exit 70."""
+    trace = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    command = " ".join(shlex.quote(x) for x in ["harness", *(argv if argv is not None else [cmd])])
+    text = (f"harness {cmd}: internal error (a bug in the harness, not in the kernel under test)\n"
+            f"command: {command}\ntime: {datetime.now().isoformat(timespec='seconds')}\n\n{trace}")
+    path = _write_trace(text)
+    msg = " ".join(str(e).split())
+    msg = msg if len(msg) <= 300 else msg[:297] + "..."
+    what = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+    where = f"full trace in {path}" if path else "the full trace could not be written to a file"
+    print(f"harness {cmd}: internal error: {what} ({where})", file=sys.stderr)
+    return EX_SOFTWARE
+
+
+def _write_trace(text: str) -> Path | None:
+    """``.harness/internal-error-<timestamp>.txt`` under the current folder, else in the temporary folder."""
+    name = f"internal-error-{datetime.now().strftime('%Y%m%d-%H%M%S-%f')}.txt"
+    for folder in (Path(HARNESS_DIR), Path(tempfile.gettempdir())):
+        try:
+            folder = folder.absolute()  # the current folder may be gone: then the temporary one
+            ensure_harness_dir(folder)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(text)
+            return folder / name
+        except OSError:
+            continue
+    return None
 
 
 if __name__ == "__main__":

@@ -213,9 +213,12 @@ class PytestRun:
         else:
             if self.executor is None:
                 from . import registry
-                from .session import SingleWorker
+                from .session import SingleWorker, UsageError
 
-                self.session.begin()
+                try:
+                    self.session.begin()
+                except UsageError as e:  # the report folder is another run's (or cannot be written)
+                    pytest.exit(f"harness: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
                 self.executor = SingleWorker(self.session.device, registry.plugins_loaded(),
                                              self.config.getoption("harness_timeout"), gpu=_gpu_for_xdist_worker())
             cell = self.executor.cells.run(t)

@@ -6,7 +6,11 @@ process (runner.CellExecutor), one cell at a time: a cell's timeout, a worker's 
 record are those of a local run. Tasks run once (``max_retries=0``: a kernel that segfaults is not run
 again by Ray). A cell that times out or kills the harness worker costs that cell only: the task starts a
 fresh worker for the rest of its group. A Ray task whose own process dies (killed, out of memory, its node
-lost) costs the cell it was running (CRASH); the rest of its group is submitted again as a new task.
+lost) costs the cell it was running (CRASH); the rest of its group is submitted again as a new task, and
+the harness worker it had started dies with it (the worker's process group is killed by the task's
+watchdog, watchdog.py). The driver submits no more groups than the cluster runs at once; the others wait
+on the driver, where a backend that timed out on two cells in a row has its cells not yet submitted
+reported as TIMEOUT without running them (hangs.py, ``--max-hangs``).
 
 Cells stream back to the driver as they finish (a Ray generator task yields each one), into the same
 report writer as a local run. Each records where it ran (``CellRecord.ran_on``: Ray node, Ray worker,
@@ -41,13 +45,14 @@ from pathlib import Path
 from typing import Any
 
 from . import runner
+from .hangs import DEFAULT_MAX_HANGS, HangGuard
 from .records import CellRecord
 from .session import CannotRunHere, Executor, UsageError
 
 EXTRA = 'pip install "gradient-harness[ray]"'
 # what the working_dir upload leaves out (gitignore syntax, anchored at the checkout root; Ray also
 # honours the checkout's .gitignore): the reports stay with the driver, which writes them
-EXCLUDES = ["/reports/", "/.git/", "/.device/", "/.whl/", "/.cache/", "/.venv/", "/build/", "/dist/",
+EXCLUDES = ["/reports/", "/.harness/", "/.git/", "/.device/", "/.whl/", "/.cache/", "/.venv/", "/build/", "/dist/",
             "*.egg-info/", "__pycache__/", "/.pytest_cache/", "/.ruff_cache/", "/.hypothesis/", "/.benchmarks/"]
 PLUGIN_DIR_TAG = "@py_modules:"  # a plugin spec naming a file in a folder shipped through py_modules
 
@@ -65,58 +70,15 @@ def import_ray() -> Any:
 # -- on the cluster ---------------------------------------------------------------------------------------
 
 
-def _worker_main(conn: Any, env: dict[str, str], plugins: list[str], threads: int) -> None:
-    """The harness worker (worker.worker_main), made to die with the Ray task that started it (Linux): a
-    Ray worker killed mid-cell leaves no orphan still running a hung kernel."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    from .worker import worker_main
-
-    worker_main(conn, env, plugins, threads)
-
-
-class _TaskWorker(runner._Worker):
-    """runner._Worker with the orphan-safe entry point above; everything else is the local runner's."""
-
-    def __init__(self, device: str, plugins: list[str], threads: int, shared: bool):
-        import multiprocessing as mp
-
-        self.slot, self.gpu, self.shared = 0, None, shared
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, runner.worker_env(device, None, shared), plugins,
-                                                           threads), daemon=True)
-        with runner._sigint_held():
-            self.proc.start()
-        child.close()
-        self.ready, self.task, self.started, self.group, self.need, self.cells = False, None, 0.0, [], 0.0, 0
-
-
 class _GroupCells(runner.CellExecutor):
-    """runner.CellExecutor (timeouts, crashes, a fresh worker after either) with the worker above."""
+    """runner.CellExecutor (timeouts, crashes, a fresh worker after either; the worker in a process group
+    of its own, which the executor's watchdog kills when the Ray worker dies) whose worker is also made to
+    die with the Ray worker's thread that started it (PR_SET_PDEATHSIG, Linux), as before the watchdog: a
+    Ray worker killed mid-cell leaves no orphan still running a hung kernel."""
 
     def __init__(self, device: str, plugins: list[str], timeout: float, threads: int, shared: bool):
         super().__init__(device, plugins, timeout)
-        self.threads, self.shared = threads, shared
-
-    def _start(self) -> runner._Worker:
-        w = _TaskWorker(self.device, self.plugins, self.threads, self.shared)
-        if not w.conn.poll(600):
-            w.kill()
-            raise RuntimeError("harness worker did not start within 600 s")
-        try:
-            msg = w.conn.recv()
-        except (EOFError, OSError) as e:
-            how = runner.exit_status(w.proc)
-            w.kill()
-            raise RuntimeError(f"harness worker failed to start ({how})") from e
-        w.ready = bool(msg.get("ready"))
-        return w
+        self.threads, self.shared, self.deathsig = threads, shared, True
 
     @property
     def pid(self) -> int | None:
@@ -286,6 +248,9 @@ class RayExecutor(Executor):
     durations: dict = field(default_factory=dict)
     peaks: dict = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)
+    # a backend that times out on this many cells in a row has its cells not yet submitted reported as
+    # TIMEOUT without running them (hangs.py); 0: never give up (and every group submitted at once)
+    max_hangs: int = DEFAULT_MAX_HANGS
 
     def __post_init__(self) -> None:
         self.ray = import_ray()
@@ -293,6 +258,7 @@ class RayExecutor(Executor):
 
         self.root = REPO_ROOT
         self.pending: dict[Any, _Submitted] = {}
+        self.backlog: list[tuple[list[runner.Task], bool]] = []  # (group, alone) not submitted yet
         self._started_ray = False
         self._connect()
 
@@ -367,6 +333,30 @@ class RayExecutor(Executor):
                                                   self.cuda and frac < 1.0)
         self.pending[gen] = _Submitted(group, frac, alone=alone)
 
+    def slots(self) -> int:
+        """How many group tasks the cluster runs at once (its CPU slots, or its GPUs times the groups that
+        may share one)."""
+        res = self.cluster["resources"]
+        n = res.get("GPU", 0) * self.per_gpu if self.cuda else res.get("CPU", 0) // self.cpus_per_task
+        return max(1, int(n))
+
+    def _top_up(self, hangs: HangGuard, on_cell: Callable[[CellRecord], None]) -> None:
+        """Submit groups of the backlog while the cluster has a free slot for them, the cells of a backend
+        given up on (hangs.py) reported as TIMEOUT instead: groups wait here rather than in Ray's queue, so
+        that the guard still has a say. With max_hangs 0 every group is submitted at once."""
+        room = self.slots() if hangs.max_hangs else math.inf
+        while self.backlog and len(self.pending) < room:
+            group, alone = self.backlog.pop(0)
+            left = []
+            for t in group:
+                stand_in = hangs.stand_in(t)
+                if stand_in is None:
+                    left.append(t)
+                else:
+                    on_cell(stand_in)
+            if left:
+                self._submit(left, alone)
+
     def run(self, tasks: list[runner.Task], on_cell: Callable[[CellRecord], None]) -> None:
         ray = self.ray
         t_run = time.time()
@@ -374,17 +364,24 @@ class RayExecutor(Executor):
             if t.skip:
                 on_cell(t.failed("SKIP", t.skip))
         todo = [t for t in tasks if not t.skip]
-        for g in runner.order_groups(todo, self.durations) if todo else []:
-            self._submit(g)
+        self.backlog = [(g, False) for g in runner.order_groups(todo, self.durations)] if todo else []
+        hangs = HangGuard(self.max_hangs)
+
+        def done(cell: CellRecord) -> None:
+            hangs.seen(cell)
+            on_cell(cell)
+
         from . import provenance
 
         mine = (provenance.device_class(self.device), provenance.versions())
         elsewhere: set[str] = set()
         try:
+            self._top_up(hangs, on_cell)
             while self.pending:
                 ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=1.0)
                 for gen in ready:
-                    self._drain(gen, on_cell, mine, elsewhere)
+                    self._drain(gen, done, mine, elsewhere)
+                self._top_up(hangs, on_cell)
         except KeyboardInterrupt:
             self._cancel()
             raise
@@ -403,8 +400,8 @@ class RayExecutor(Executor):
                 ref = next(gen)
             except StopIteration:
                 self.pending.pop(gen, None)
-                if sub.done < len(sub.group):  # ended without its cells: submit them again
-                    self._submit(sub.group[sub.done:], sub.alone)
+                if sub.done < len(sub.group):  # ended without its cells: submit them again (first)
+                    self.backlog.insert(0, (sub.group[sub.done:], sub.alone))
                 return
             try:
                 cell = CellRecord.from_json(ray.get(ref))
@@ -427,14 +424,14 @@ class RayExecutor(Executor):
                 cell.ran_on = {"executor": "ray", "lost": True}
                 on_cell(cell)
                 if rest:
-                    self._submit(rest, sub.alone)
+                    self.backlog.insert(0, (rest, sub.alone))
                 return
             t = sub.group[sub.done]
             sub.done += 1
             if self.cuda and sub.frac < 1.0 and not sub.alone and runner.is_oom(cell):
                 print(f"out of memory on a shared GPU: {t.operator}/{t.backend}/{t.dtype}/{t.case.name} "
                       "(rerun alone)", flush=True)
-                self._submit([t], alone=True)
+                self.backlog.insert(0, ([t], True))
                 continue
             ran = cell.ran_on or {}
             if ran.get("device_class") not in (None, mine[0]):
@@ -446,6 +443,7 @@ class RayExecutor(Executor):
             on_cell(cell)
 
     def _cancel(self) -> None:
+        self.backlog.clear()
         for gen in list(self.pending):
             try:
                 self.ray.cancel(gen)  # KeyboardInterrupt in the task: its finally stops the harness worker

@@ -6,10 +6,14 @@ declarations of the backends registered now: all wording is made here, from figu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
+import socket
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -20,13 +24,177 @@ from .compare import mark as mark_regressions
 from .judgement import SHOWN, CellJudgement, counts, judge_cell
 from .records import PROFILE_FROM_RATIO, CellRecord
 
+log = logging.getLogger("harness")
+
 
 def atomic_write(path: Path, text: str) -> None:
+    """``path`` replaced by ``text`` whole, or not at all: a write that fails (a full disk) leaves the old
+    file as it was and removes its temporary file, then raises."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def append_line(path: Path, line: str) -> None:
+    """One JSONL record appended whole, or not at all where the file system lets a failed write be undone: a
+    write that fails partway (a full disk) is cut off again before the error is raised. A line left cut by a
+    killed process, or by a failed write that could not be undone, is ended first, so that it does not
+    swallow this record (load skips it)."""
+    data = (line + "\n").encode()
+    with open(path, "a+b", buffering=0) as f:
+        end = f.seek(0, os.SEEK_END)
+        if end:
+            f.seek(end - 1)
+            if f.read(1) != b"\n":
+                data = b"\n" + data
+        try:
+            view = memoryview(data)
+            while view:
+                n = f.write(view)
+                view = view[n or 0:]
+        except OSError:
+            with contextlib.suppress(OSError):
+                f.truncate(end)
+            raise
+
+
+LOCK_NAME = ".lock"
+
+
+class FolderBusy(Exception):
+    """Another run holds the report folder (FolderLock)."""
+
+    def __init__(self, folder: Path, holder: dict[str, Any]):
+        self.folder, self.holder = folder, holder
+        h = holder
+        if h.get("pid"):
+            host = f" on {h['host']}" if h.get("host") and h["host"] != socket.gethostname() else ""
+            cmd = " ".join(str(h.get("command") or "").split()) or "?"
+            who = f"another run (pid {h['pid']}{host}, started {h.get('started', '?')}: {cmd})"
+        else:
+            who = "another run (which recorded nothing about itself yet)"
+        super().__init__(f"the report folder {folder} is in use by {who}; wait for it to end, or give another "
+                         "--report")
+
+
+class FolderLock:
+    """One run at a time per report folder (``<root>/<device class>``): two runs appending to one folder at
+    once would interleave their records and draw each other's reports. ``.lock`` in the folder is locked
+    (flock) for the whole run, so that the kernel releases it when the run ends however it ends (kill -9
+    included), and holds the pid, command and start time of the run that took it, for the refusal of the
+    next one (FolderBusy).
+
+    The processes of one run (pytest-xdist workers share their session's run id) share the folder: the
+    first takes it, the others join. Taking, joining and releasing happen under a short lock of the folder
+    itself, so that the folder is free exactly when no process of the run holding it is left (each holds
+    ``.lock`` shared), and the last one out removes ``.lock``."""
+
+    def __init__(self, folder: str | Path, run_id: str | None, command: str = ""):
+        self.folder = Path(folder)
+        self.run_id = run_id
+        self.command = command
+        self.fd: int | None = None
+        self.gated = False
+
+    def info(self) -> dict[str, Any]:
+        from datetime import datetime, timezone
+
+        return {"pid": os.getpid(), "host": socket.gethostname(), "run_id": self.run_id,
+                "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+                "command": self.command or " ".join(sys.argv)}
+
+    def acquire(self) -> None:
+        """Take the folder, or join its run; FolderBusy where another run has it (at once: no waiting)."""
+        import fcntl
+
+        if self.fd is not None:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        gate = _gate(self.folder)
+        try:
+            fd = os.open(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = _holder(fd)
+                    if not (self.run_id and holder.get("run_id") == self.run_id):
+                        raise FolderBusy(self.folder, holder) from None
+                    with contextlib.suppress(BlockingIOError):  # held exclusively where there is no gate
+                        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                else:
+                    os.ftruncate(fd, 0)
+                    data = (json.dumps(self.info()) + "\n").encode()
+                    if os.pwrite(fd, data, 0) != len(data):
+                        raise OSError(28, os.strerror(28), str(self.folder / LOCK_NAME))
+                    if gate is not None:
+                        fcntl.flock(fd, fcntl.LOCK_SH)  # the run's other processes may join
+            except BaseException:
+                os.close(fd)
+                raise
+            self.fd, self.gated = fd, gate is not None
+        finally:
+            if gate is not None:
+                os.close(gate)
+
+    def release(self) -> None:
+        """Leave the folder; the last process of the run removes ``.lock``. Safe to call twice."""
+        import fcntl
+
+        if self.fd is None:
+            return
+        fd, self.fd = self.fd, None
+        gate = _gate(self.folder) if self.gated else None
+        try:
+            if gate is not None:
+                with contextlib.suppress(OSError):
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while another process of the run is in
+                    os.unlink(self.folder / LOCK_NAME)
+        finally:
+            os.close(fd)
+            if gate is not None:
+                os.close(gate)
+
+
+def _gate(folder: Path, wait_s: float = 10.0) -> int | None:
+    """The folder itself locked, for the moment a run takes, joins or leaves it (FolderLock); None where
+    the file system cannot lock a folder, or another process held it for ``wait_s`` (one stopped there)."""
+    import fcntl
+    import time
+
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return None
+    t0 = time.monotonic()
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() - t0 < wait_s:
+                time.sleep(0.01)
+                continue
+        except OSError:
+            pass
+        os.close(fd)
+        return None
+
+
+def _holder(fd: int) -> dict[str, Any]:
+    """What the run holding ``.lock`` wrote there about itself ({} if nothing readable)."""
+    try:
+        d = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return d if isinstance(d, dict) else {}
 
 
 def cell_key(c: CellRecord) -> tuple:
@@ -61,30 +229,38 @@ class ReportWriter:
         return self.dir / f"{op}.jsonl"
 
     def begin(self, operators: list[str]) -> list[Path]:
-        """Write each operator's run header now and redraw its report: until the run's cells arrive it
-        lists them as missing, so a run killed midway (kill -9 included) leaves a report saying so."""
+        """Redraw each operator's report with this run in it, then write the run's header to its JSONL: until
+        the run's cells arrive the report lists them as missing (none of them done yet, however many cells
+        earlier runs left), so a run killed at any point (kill -9 included) leaves a report saying it is
+        incomplete. The report is drawn before the header is written: a JSONL holding the header always has
+        a report saying so beside it."""
+        paths = []
         for op in operators:
+            if op not in self.started:
+                paths += render(self.dir, op, pending=self.run_record(op), pictures=False)
             self._start(op)
-        return self.render()
+        return paths
 
     def _start(self, op: str) -> None:
         if op in self.started:
             return
         self.started.add(op)
         self.touched.append(op)
-        planned = (self.header.get("planned") or {}).get(op)
-        with open(self.path(op), "a") as f:
-            f.write(json.dumps({"run": {**self.header, "planned": planned}}) + "\n")
+        append_line(self.path(op), json.dumps({"run": self.run_record(op)}))
+
+    def run_record(self, op: str) -> dict[str, Any]:
+        """The run's header as ``op``'s JSONL keeps it: with that operator's planned cells only."""
+        return {**self.header, "planned": (self.header.get("planned") or {}).get(op)}
 
     def append(self, cell: CellRecord) -> None:
         cell.run_id = self.header.get("run_id")
         self._start(cell.operator)
-        with open(self.path(cell.operator), "a") as f:
-            f.write(_line(cell.to_json()) + "\n")
-            f.flush()
+        append_line(self.path(cell.operator), _line(cell.to_json()))
 
-    def render(self) -> list[Path]:
-        return [p for op in self.touched for p in render(self.dir, op)]
+    def render(self, pictures: bool = True) -> list[Path]:
+        """Each operator's report redrawn; ``pictures=False`` (a redraw while the run goes on) draws no
+        heatmap and links only those already drawn from the same data."""
+        return [p for op in self.touched for p in render(self.dir, op, pictures=pictures)]
 
 
 def load(dir_: Path, op: str) -> tuple[list[CellRecord], dict[str, dict]]:
@@ -94,20 +270,40 @@ def load(dir_: Path, op: str) -> tuple[list[CellRecord], dict[str, dict]]:
     p = dir_ / f"{op}.jsonl"
     if not p.exists():
         return [], {}
-    for line in p.read_text().splitlines():
+    for n, line in enumerate(p.read_bytes().decode("utf-8", "replace").splitlines(), 1):
         if not line.strip():
             continue
         try:
             d = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a killed run
+            if not isinstance(d, dict):
+                raise ValueError("not a record")
+        except ValueError:
+            _warn_cut(p, n, line)  # a line cut by a killed run or a full disk
+            continue
         if "run" in d:
-            runs[d["run"].get("run_id", "?")] = d["run"]
-            _drop_unplanned(cells, runs, d["run"])
+            _add_run(cells, runs, d["run"])
         else:
             rec = CellRecord.from_json(d)
             cells[rec.key] = rec
     return list(cells.values()), runs
+
+
+_warned: set[tuple[str, int, int]] = set()
+
+
+def _warn_cut(p: Path, n: int, line: str) -> None:
+    """Once per cut line: a report redrawn every few seconds would repeat it."""
+    key = (str(p), n, hash(line))
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("%s:%d: skipped a line that is not a whole record (%d characters; a write cut short by a "
+                    "killed run or a full disk)", p, n, len(line))
+
+
+def _add_run(cells: dict[tuple, CellRecord], runs: dict[str, dict], run: dict) -> None:
+    """A run record read after ``cells``; the cells it drops from their preset go (_drop_unplanned)."""
+    runs[run.get("run_id", "?")] = run
+    _drop_unplanned(cells, runs, run)
 
 
 def _drop_unplanned(cells: dict[tuple, CellRecord], runs: dict[str, dict], new: dict) -> None:
@@ -134,16 +330,25 @@ def compact(dir_: Path, op: str) -> None:
     records those results (and the latest run) come from. Appending every run keeps the whole history,
     which grows without bound in a repository that commits its reports; git keeps the history."""
     p = dir_ / f"{op}.jsonl"
-    cells, runs = load(dir_, op)
-    if not runs:
+    lock = FolderLock(dir_, None, " ".join(sys.argv))
+    try:
+        lock.acquire()  # a run appending to the file now would lose what it appends while it is rewritten
+    except FolderBusy as e:
+        log.warning("%s not compacted: %s", p, e)
         return
-    keep = {c.run_id for c in cells} | {latest_run(runs).get("run_id", "?")}
-    lines = []
-    for rid, run in runs.items():
-        if rid in keep:
-            lines.append(_line({"run": run}))
-            lines += [_line(_stored(c).to_json()) for c in cells if c.run_id == rid]
-    atomic_write(p, "\n".join(lines) + "\n")
+    try:
+        cells, runs = load(dir_, op)
+        if not runs:
+            return
+        keep = {c.run_id for c in cells} | {latest_run(runs).get("run_id", "?")}
+        lines = []
+        for rid, run in runs.items():
+            if rid in keep:
+                lines.append(_line({"run": run}))
+                lines += [_line(_stored(c).to_json()) for c in cells if c.run_id == rid]
+        atomic_write(p, "\n".join(lines) + "\n")
+    finally:
+        lock.release()
 
 
 def _line(d: dict) -> str:
@@ -233,8 +438,9 @@ def render_markdown(op: str, cells: list[CellRecord], runs: dict[str, dict], dev
     if main:
         v = main.get("versions", {})
         n_main = sum(1 for c in cells if c.run_id == main.get("run_id"))
+        which = f"{n_main} of {len(cells)} cells come from" if cells else "No cell has a result yet:"
         lines += [
-            f"{n_main} of {len(cells)} cells come from the run at commit `{main.get('commit')}`, {main.get('date')}, "
+            f"{which} the run at commit `{main.get('commit')}`{_plugins_note(main)}, {main.get('date')}, "
             f"device class `{main.get('device_class')}`"
             f"{', Triton interpreted (TRITON_INTERPRET=1)' if main.get('interpreted') else ''}; "
             + ", ".join(f"{k} {val}" for k, val in v.items()) + ".", ""]
@@ -264,20 +470,31 @@ def _runs_section(cells: list[CellRecord], runs: dict[str, dict], main_id: str |
     lines = ["Cells come from several runs (each cell shows its latest result):", ""]
     for rid, n in sorted(from_runs.items(), key=lambda kv: runs.get(kv[0], {}).get("date", ""), reverse=True):
         r = runs.get(rid, {})
-        lines.append(f"- {n} cells: commit `{r.get('commit', '?')}`, {r.get('date', '?')}, sizes "
+        lines.append(f"- {n} cells: commit `{r.get('commit', '?')}`{_plugins_note(r)}, {r.get('date', '?')}, sizes "
                      f"`{r.get('sizes', '?')}`" + (f", `{r['command']}`" if r.get("command") else "")
                      + (" (most cells)" if rid == main_id else ""))
     return lines + [""]
 
 
-def _missing_section(cells: list[CellRecord], latest: dict) -> list[str]:
+def _plugins_note(run: dict) -> str:
+    """The plugins a run loaded, each with the commit of its own repository, beside the harness's commit."""
+    from .provenance import plugin_label
+
+    plugins = run.get("plugins") or []
+    return f" ({'; '.join(plugin_label(p) for p in plugins)})" if plugins else ""
+
+
+def missing_cells(cells: list[CellRecord], latest: dict) -> tuple[list[str], list[str]]:
+    """The latest run's planned cells (planned_key) and those of them without a result."""
     planned = latest.get("planned") or []
-    if not planned:
-        return []
     # a --resume run counts the results it reused from the runs it resumed
     mine = {latest.get("run_id"), *latest.get("resumes", [])}
     done = {planned_key_of(c) for c in cells if c.run_id in mine}
-    missing = [k for k in planned if k not in done]
+    return planned, [k for k in planned if k not in done]
+
+
+def _missing_section(cells: list[CellRecord], latest: dict) -> list[str]:
+    planned, missing = missing_cells(cells, latest)
     if not missing:
         return []
     by_case: dict[str, list[str]] = {}
@@ -285,12 +502,13 @@ def _missing_section(cells: list[CellRecord], latest: dict) -> list[str]:
         b, dt, name = k.split("|", 2)
         by_case.setdefault(name, []).append(f"{b} {dt}")
     return ([f"**Incomplete: {len(missing)} of {len(planned)} planned cells of the latest run have no result** "
-             "(the run stopped before them, or is still running; `--resume` runs them):", ""]
+             f"({len(planned) - len(missing)} of {len(planned)} planned cells have a result: the run stopped "
+             "before the others, or is still running; `--resume` runs them):", ""]
             + [f"- `{name}`: {', '.join(v)}" for name, v in by_case.items()] + [""])
 
 
 def _summary_section(judged: list[CellJudgement], runs: dict[str, dict]) -> list[str]:
-    lines = ["## Summary", ""]
+    lines = ["## Summary", ""] + ([] if judged else ["No cell has a result yet.", ""])
     presets: dict[str, list[CellJudgement]] = {}
     for j in judged:
         presets.setdefault(_preset_of(j.record, runs), []).append(j)
@@ -457,9 +675,10 @@ def _contract_note(j: CellJudgement) -> str:
     return f"- {c.backend}/{c.dtype}: " + "; ".join(extra)
 
 
-def heatmaps(dir_: Path, op: str, judged: list[CellJudgement]) -> dict[tuple, str]:
+def heatmaps(dir_: Path, op: str, judged: list[CellJudgement], draw: bool = True) -> dict[tuple, str]:
     """PNG heatmaps of failing components (not of declared gaps) along two localization axes;
-    {(cell key, component): path}. Pictures of this operator that no failure shows any more are removed."""
+    {(cell key, component): path}. Pictures of this operator that no failure shows any more are removed.
+    ``draw=False``: nothing drawn or removed; only the pictures already drawn from the same data are named."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -476,7 +695,8 @@ def heatmaps(dir_: Path, op: str, judged: list[CellJudgement]) -> dict[tuple, st
             if not g:
                 continue
             name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{op}-{c.backend}-{c.dtype}-{c.case.name}-{comp.name}")
-            img.mkdir(parents=True, exist_ok=True)
+            if draw:
+                img.mkdir(parents=True, exist_ok=True)
             vals = [[min(float(v), 1e30) for v in row] for row in g["values"]]
             ylabel = f"{g['axes'][0]} (blocks of {g['block'][0]})"
             xlabel = f"{g['axes'][1]} (blocks of {g['block'][1]})"
@@ -486,7 +706,12 @@ def heatmaps(dir_: Path, op: str, judged: list[CellJudgement]) -> dict[tuple, st
             # a picture costs ~0.5 s; one whose data has not changed since it was drawn is kept
             digest = hashlib.sha256(json.dumps([vals, ylabel, xlabel, title]).encode()).hexdigest()[:16]
             if _png_digest(path) != digest:
+                if not draw:
+                    del out[(c.key, comp.name)]
+                    continue
                 jobs.append((str(path), vals, ylabel, xlabel, title, digest))
+    if not draw:
+        return out
     if img.is_dir():
         shown = {Path(p).name for p in out.values()}
         for old in img.glob(f"{op}-*.png"):
@@ -538,19 +763,30 @@ def _png_digest(path: Path) -> str | None:
     return comment.split(" ", 1)[1] if comment.startswith("harness-digest ") else None
 
 
-def render(dir_: Path, op: str) -> list[Path]:
+def render(dir_: Path, op: str, pending: dict | None = None, pictures: bool = True) -> list[Path]:
+    """``op``'s markdown and JSON reports from its JSONL, also where no cell has a result yet (a run that
+    has just begun, or was killed before its first cell: the report says so and lists the planned cells).
+    ``pending``: a run record not yet in the JSONL, read as if appended last (ReportWriter.begin).
+    ``pictures=False``: no heatmap drawn or removed (heatmaps)."""
     cells, runs = load(dir_, op)
-    if not cells:
+    if pending is not None:
+        by_key = {c.key: c for c in cells}
+        _add_run(by_key, runs, pending)
+        cells = list(by_key.values())
+    if not cells and not runs:
         return []
     comparison = load_saved(dir_, op, cells, runs)
     judged = [judge_cell(c, device_class=dir_.name) for c in cells]
     mark_regressions(judged, comparison)
-    heat = heatmaps(dir_, op, judged)
+    heat = heatmaps(dir_, op, judged, draw=pictures)
     md, js = dir_ / f"{op}.md", dir_ / f"{op}.json"
     atomic_write(md, render_markdown(op, cells, runs, dir_.name, heat, comparison))
+    planned, missing = missing_cells(cells, latest_run(runs) if runs else {})
     payload = {
         "operator": op,
         "runs": runs,
+        # the latest run's planned cells without a result (a run stopped midway, or still running)
+        "incomplete": {"planned": len(planned), "missing": missing} if missing else None,
         "summary": {f"{b}/{d}": v for (b, d), v in counts(judged).items()},
         "cells": [_judged_json(j) for j in judged],
     }

@@ -1,9 +1,10 @@
 """Repro bundles: a failing cell saved with everything needed to replay it in one command.
 
-``reports/repro/<name>/bundle.json`` holds the operator, backend, plugins, case, dtype, seed, versions
-and device; ``inputs.pt`` the inputs as generated (when under 64 MB) and their digest (taken by the
-worker that ran the cell). Inputs are regenerated from the seed on replay and checked against the
-digest, so a changed generator is noticed instead of silently replaying something else.
+``<report>/repro/<name>/bundle.json`` (``--report``'s folder, by default ``.harness/reports``) holds the
+operator, backend, plugins, case, dtype, seed, versions and device; ``inputs.pt`` the inputs as generated
+(when under 64 MB) and their digest (taken by the worker that ran the cell). Inputs are regenerated from the
+seed on replay and checked against the digest, so a changed generator is noticed instead of silently
+replaying something else. Anything else given to `harness repro` is a usage error (exit 2), not a traceback.
 """
 
 from __future__ import annotations
@@ -82,18 +83,68 @@ def save_bundle(cell: CellRecord, root: str | Path, plugins: list[str]) -> Path:
     return d
 
 
+BUNDLE_KEYS = ("operator", "backend", "dtype", "case", "seed", "inputs_sha256")
+
+
+def _not_a_bundle(path: str, why: str) -> Exception:
+    from .session import UsageError
+
+    return UsageError(f"BUNDLE {path!r}: {why}; expected a repro bundle: the folder `harness run` printed after "
+                      "'repro: harness repro' (<report>/repro/<cell>/), or the bundle.json in it")
+
+
+def load_bundle(path: str) -> dict[str, Any]:
+    """The bundle at ``path`` (its folder or its bundle.json), checked; anything else is a usage error."""
+    d = Path(path)
+    f = d / "bundle.json" if d.is_dir() else d
+    if not d.exists():
+        raise _not_a_bundle(path, "no such file or folder")
+    if not f.is_file():
+        raise _not_a_bundle(path, "this folder holds no bundle.json")
+    try:
+        b = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise _not_a_bundle(path, f"cannot be read ({type(e).__name__}: {e})") from e
+    except json.JSONDecodeError as e:
+        raise _not_a_bundle(path, f"{f.name} is not JSON ({e})") from e
+    if not isinstance(b, dict):
+        raise _not_a_bundle(path, f"{f.name} holds a JSON {type(b).__name__}, not an object")
+    missing = [k for k in BUNDLE_KEYS if k not in b]
+    if missing:
+        raise _not_a_bundle(path, f"{f.name} lacks the key(s) {', '.join(missing)}")
+    try:
+        Case.from_json(b["case"])
+        dtype_of(b["dtype"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise _not_a_bundle(path, f"its case or dtype cannot be read ({type(e).__name__}: {e})") from e
+    plugins = b.get("plugins") or []
+    if not isinstance(b["seed"], int) or not isinstance(plugins, list) or not all(isinstance(x, str) for x in plugins):
+        raise _not_a_bundle(path, "its seed is not an integer or its plugins not a list of names")
+    return b
+
+
 def replay(path: str, device: str | None = None, timeout: float = 300.0) -> int:
     from . import runner
     from .oracle import gen_inputs
     from .pytest_plugin import format_failure
+    from .session import UsageError, checked_device
 
-    d = Path(path)
-    b = json.loads((d / "bundle.json" if d.is_dir() else d).read_text())
-    for p in b.get("plugins", []):
-        registry.load_plugin(p)
-    dev = device or b.get("device") or "cpu"
+    b = load_bundle(path)
+    for p in b.get("plugins") or []:
+        try:
+            registry.load_plugin(p)
+        except (FileNotFoundError, ValueError) as e:  # PluginError included
+            raise UsageError(f"BUNDLE {path!r}: its plugin does not load: {e}") from e
+    # the bundle's device, unless --device says otherwise; a GPU bundle on a machine without one: exit 3
+    dev = checked_device(device or b.get("device") or "cpu")
     case = Case.from_json(b["case"])
-    regen = gen_inputs(registry.get_operator(b["operator"]), case, dtype_of(b["dtype"]), b["seed"], "cpu")
+    try:
+        op = registry.get_operator(b["operator"])
+        registry.get_backend(b["operator"], b["backend"])
+    except KeyError as e:
+        raise UsageError(f"BUNDLE {path!r}: {e.args[0] if e.args else e} (a plugin's operator or backend needs "
+                         "its --plugin)") from e
+    regen = gen_inputs(op, case, dtype_of(b["dtype"]), b["seed"], "cpu")
     if _digest(regen.tensors) != b["inputs_sha256"]:
         print(
             "warning: inputs regenerated from the seed differ from the saved ones (the generator changed); "
@@ -114,5 +165,5 @@ def replay(path: str, device: str | None = None, timeout: float = 300.0) -> int:
         return 1
     ok = cell.status.value == "PASS"
     print(format_failure(cell) if not ok
-          else f"{b['operator']}/{b['backend']}/{b['dtype']}/{case.name}: PASS now (was {b['status']})")
+          else f"{b['operator']}/{b['backend']}/{b['dtype']}/{case.name}: PASS now (was {b.get('status', '?')})")
     return 0 if ok else 1

@@ -2,8 +2,10 @@
 
 Cells of one (operator, case, dtype) group go to one worker in a row, so the oracle is computed once
 per group. Each cell has a timeout; a worker that hangs is killed (TIMEOUT), one that dies is
-replaced (CRASH), and the sweep goes on. Every finished cell is appended to the report's JSONL at
-once, so a killed sweep keeps what it did.
+replaced (CRASH), and the sweep goes on; a backend that hangs twice in a row is given up on (hangs.py).
+Every finished cell is appended to the report's JSONL at once, so a killed sweep keeps what it did.
+Each worker runs in a process group of its own, killed as one (with what its kernel started), and the
+run's watchdog kills them all should the run's process die (watchdog.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import multiprocessing as mp
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -21,8 +24,10 @@ from typing import Any
 
 from . import registry
 from .cell import error_cell, is_oom
+from .hangs import DEFAULT_MAX_HANGS, HangGuard
 from .records import CellRecord, Status
 from .spec import Case, as_list
+from .watchdog import Watchdog, kill_group
 
 INTERPRETER_BF16 = "bf16 tl.dot is wrong in the Triton interpreter; bf16 is judged on the GPU"
 
@@ -147,14 +152,18 @@ def worker_env(device: str, gpu: int | None, shared: bool = False) -> dict[str, 
     return env
 
 
+HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}  # the signals that stop a run (cli.py): Ctrl-C, and SIGTERM
+
+
 @contextmanager
 def _sigint_held():
-    """SIGINT held back (blocked) while a worker is spawned. The worker inherits the blocked signal and then
-    ignores it (worker_main), so Ctrl-C on the terminal reaches the parent alone, which stops the workers,
-    instead of a traceback from every worker. A Ctrl-C that arrives meanwhile stays pending and reaches the
-    parent once the worker has started; ignoring SIGINT in the parent during the spawn, as before, dropped
-    it (tests/test_interrupts.py)."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    """SIGINT and SIGTERM held back (blocked) while a worker is spawned and handed to the watchdog. The worker
+    inherits the blocked signals and then ignores SIGINT (worker_main), so Ctrl-C on the terminal reaches
+    the parent alone, which stops the workers, instead of a traceback from every worker. A Ctrl-C or
+    SIGTERM that arrives meanwhile stays pending and reaches the parent once the worker has started and
+    is watched; ignoring SIGINT in the parent during the spawn, as before, dropped it
+    (tests/test_interrupts.py)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
     try:
         yield
     finally:
@@ -162,19 +171,31 @@ def _sigint_held():
 
 
 class _Worker:
+    """A worker process (worker.worker_main) in a process group of its own, watched by ``watchdog``.
+    ``deathsig``: the worker is also killed by Linux when the thread starting it dies (PR_SET_PDEATHSIG);
+    by default only where that is the main thread, which lives as long as the process."""
+
     def __init__(self, slot: int, device: str, gpu: int | None, plugins: list[str], threads: int,
-                 shared: bool = False):
+                 shared: bool = False, watchdog: Watchdog | None = None, deathsig: bool | None = None):
         from .worker import worker_main
 
-        self.slot, self.gpu, self.shared = slot, gpu, shared
+        self.slot, self.gpu, self.shared, self.watchdog = slot, gpu, shared, watchdog
+        if deathsig is None:
+            deathsig = threading.current_thread() is threading.main_thread()
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(
-            target=worker_main, args=(child, worker_env(device, gpu, shared), plugins, threads), daemon=True
+            target=worker_main, args=(child, worker_env(device, gpu, shared), plugins, threads,
+                                      os.getpid() if deathsig else None), daemon=True
         )
-        with _sigint_held():  # Ctrl-C is the parent's to handle: the worker starts with SIGINT held back
+        # Ctrl-C and SIGTERM are the parent's to handle: the worker starts with them held back, and one that
+        # arrives meanwhile interrupts the parent only once the watchdog knows the worker
+        with _sigint_held():
             self.proc.start()
+            if watchdog is not None:
+                watchdog.watch(self.proc.pid)
         child.close()
+        self.reaped = False  # killed and reaped by kill(): its pid is no longer its own
         self.ready = False
         self.task: Task | None = None
         self.started = 0.0
@@ -190,10 +211,39 @@ class _Worker:
         self.conn.send(payload)
 
     def kill(self) -> None:
+        """SIGKILL to the worker and to every process of its group (what its kernel started, which would
+        outlive it), then the worker reaped. Its pid stays its own until then (exit_status does not reap),
+        so that the group killed is this worker's. Once it is reaped, killing it again does nothing."""
+        pid = self.proc.pid
+        if pid is None or self.reaped:
+            return
         try:
-            self.proc.kill()
+            kill_group(pid)
+            self.proc.kill()  # should it not have called setsid yet
             self.proc.join(5)
         except Exception:
+            pass
+        if self.proc.exitcode is not None:
+            self.reaped = True
+            if self.watchdog is not None:
+                self.watchdog.forget(pid)
+
+    def stop(self, wait_s: float = 10.0) -> None:
+        """End a worker at the end of a run: asked to (after its cell, if any), waited for up to ``wait_s``
+        (one still starting is not waited for), then killed with its group: a clean exit leaves what its
+        kernel started running, which must not outlive the run."""
+        if self.ready:
+            wait([self.proc.sentinel], timeout=wait_s)  # its end, without reaping it (exitcode would)
+        self.kill()
+
+    def ended(self) -> bool:
+        """Whether the worker process has ended (without reaping it, as is_alive would)."""
+        return bool(wait([self.proc.sentinel], timeout=0))
+
+    def ask_to_stop(self) -> None:
+        try:
+            self.conn.send(None)
+        except (OSError, BrokenPipeError):
             pass
 
 
@@ -207,8 +257,11 @@ def run(
     durations: dict[tuple[str, str], float] | None = None,
     stats: dict[str, float] | None = None,
     peaks: dict[tuple[str, str], float] | None = None,
+    max_hangs: int | HangGuard = DEFAULT_MAX_HANGS,
 ) -> list[CellRecord]:
-    """Run the plan; calls ``on_cell`` for each finished cell (SKIP cells included). ``durations``:
+    """Run the plan; calls ``on_cell`` for each finished cell (SKIP cells included). ``max_hangs``: a backend
+    that times out on that many cells in a row has its other cells reported as TIMEOUT without running
+    them (hangs.py; 0: never give up; or the HangGuard of a run this one continues). ``durations``:
     seconds per cell (report.recorded) from earlier runs, to start the longest groups first.
     ``peaks``: MB of GPU memory per cell from earlier runs, so that workers sharing a GPU start together
     only groups that fit in it. ``stats``, if given, gets where the wall time went: ``ready_s`` (the
@@ -217,6 +270,7 @@ def run(
     results: list[CellRecord] = []
     t_run = time.time()
     stats = {} if stats is None else stats
+    hangs = max_hangs if isinstance(max_hangs, HangGuard) else HangGuard(max_hangs)
     for t in p.tasks:
         if t.skip:
             cell = t.failed("SKIP", t.skip)
@@ -249,9 +303,10 @@ def run(
     # runs out again it is run at the end, one worker per GPU; only the last result is reported.
     shared = len(gpus) > len(set(gpus)) and gpus[0] is not None
     packer = MemoryPacker(peaks or {}, _gpu_budget_mb(gpus) if shared else None)
-    pool = [_Worker(i, device, g, plugins, threads, shared) for i, g in enumerate(gpus)]
-    for w in pool:
-        w.group = []
+    # kills every worker's group should this process die by any means (SIGKILL included), and at the end
+    # of the run whatever is left of them (a worker whose start Ctrl-C interrupted)
+    watchdog = Watchdog()
+    pool: list[_Worker] = []
     retry: list[Task] = packer.split_oversized(queue)
     if retry:
         print(f"{len(retry)} cell(s) needed more GPU memory in earlier runs than workers sharing a GPU leave "
@@ -268,12 +323,35 @@ def run(
         else:
             cell.worker = w.slot if w.gpu is None else f"gpu{w.gpu}"
             w.cells += 1
+            hangs.seen(cell)
             results.append(cell)
             on_cell(cell)
             w.task = None
         if not w.group:  # its group is done: its memory is free for the next one on this GPU
             packer.release(w.gpu, w.need)
             w.need = 0.0
+
+    def stand_in_for_given_up() -> None:
+        """The queued cells of backends given up on (hangs.py), reported at once without running: from the
+        queue and from the workers' groups, without waiting for a worker (one restarting after a timeout
+        takes seconds) to reach them."""
+        if not hangs.given_up:
+            return
+        for g in queue:
+            g[:] = [t for t in g if not _stood_in(t)]
+        queue[:] = [g for g in queue if g]
+        for w in pool:
+            w.group[:] = [t for t in w.group if not _stood_in(t)]
+            if not w.group and w.task is None and w.need:
+                packer.release(w.gpu, w.need)
+                w.need = 0.0
+
+    def _stood_in(t: Task) -> bool:
+        cell = hangs.stand_in(t)
+        if cell is not None:
+            results.append(cell)
+            on_cell(cell)
+        return cell is not None
 
     def feed(w: _Worker) -> bool:
         if not w.group:
@@ -286,19 +364,22 @@ def run(
 
     def replace(w: _Worker) -> _Worker:
         w.kill()
-        nw = _Worker(w.slot, device, w.gpu, plugins, threads, w.shared)
+        nw = _Worker(w.slot, device, w.gpu, plugins, threads, w.shared, watchdog)
         nw.group, nw.cells, nw.need = w.group, w.cells, w.need
         pool[pool.index(w)] = nw
         return nw
 
-    born = {w.slot: time.time() for w in pool}
+    born: dict[int, float] = {}
 
     def drive() -> None:
-        while any(w.task or w.group for w in pool) or queue:
+        while True:
+            stand_in_for_given_up()
+            if not (any(w.task or w.group for w in pool) or queue):
+                break
             for w in pool:
                 if w.ready and w.task is None:
                     feed(w)
-            live = [w for w in pool if w.proc.is_alive() or w.task]
+            live = [w for w in pool if not w.ended() or w.task]
             if not live:
                 break
             ready = wait([w.conn for w in pool], timeout=1.0)
@@ -342,45 +423,72 @@ def run(
                     raise RuntimeError(f"worker {w.slot} did not start within {startup_timeout:.0f} s")
 
     try:
-        drive()
-    except KeyboardInterrupt:
-        for w in pool:  # Ctrl-C: the cells in flight are lost, the finished ones were already handed over
-            w.kill()
-        raise
-    for w in pool:  # tell all to stop first, then wait, so that their exits overlap
+        for i, g in enumerate(gpus):
+            pool.append(_Worker(i, device, g, plugins, threads, shared, watchdog))
+            born[i] = time.time()
         try:
-            w.conn.send(None)
-        except (OSError, BrokenPipeError):
-            pass
-    for w in pool:
-        w.proc.join(10)
-        if w.proc.is_alive():
-            w.kill()
+            drive()
+        except BaseException:  # Ctrl-C, SIGTERM (cli.py), or the report cannot be written (a full disk): the
+            for w in pool:     # cells in flight are lost, the finished ones were already handed over
+                w.kill()
+            raise
+        for w in pool:  # tell all to stop first, then wait, so that their exits overlap
+            if w.ready:
+                w.ask_to_stop()
+        for w in pool:
+            w.stop()
+    finally:
+        watchdog.close()
     stats["cells_s"] = time.time() - t_run
     if retry:
         print(f"{len(retry)} cell(s) to run alone, one worker per GPU", flush=True)
         t_alone = time.time()
         results += run(Plan(tasks=retry), plugins, on_cell, len(set(gpus)), timeout, startup_timeout, durations,
-                       peaks=peaks)
+                       peaks=peaks, max_hangs=hangs)
         stats["alone_cells"], stats["alone_s"] = len(retry), time.time() - t_alone
     return results
 
 
 def exit_status(proc: Any, wait_s: float = 5.0) -> str:
-    """How a worker process ended: 'exit code 3' or 'killed by signal SIGSEGV'. Its pipe closes a moment
-    before the process is reaped, so it is waited for first (else the exit code reads None)."""
-    import signal
+    """How a worker process ended: 'exit code 3', 'killed by signal SIGSEGV', or, for SIGKILL from outside
+    (the kernel's OOM killer ends a process so), 'killed by signal 9 (SIGKILL): often the kernel's OOM
+    killer; see dmesg'. Its pipe closes a moment before the process ends, so its end is waited for first
+    (else the exit code reads None), and read without reaping it: its pid, its process group's id, stay
+    its own until _Worker.kill has killed what its kernel left running."""
+    code = _exit_code(proc, wait_s)
+    return "still running when its pipe closed" if code is None else describe_exit(code)
 
-    proc.join(wait_s)
-    code = proc.exitcode
-    if code is None:
-        return "still running when its pipe closed"
-    if code < 0:
+
+def describe_exit(code: int) -> str:
+    """A process's exit code as multiprocessing gives it (-N: killed by signal N), in words."""
+    if code >= 0:
+        return f"exit code {code}"
+    if -code == signal.SIGKILL:
+        return "killed by signal 9 (SIGKILL): often the kernel's OOM killer; see dmesg"
+    try:
+        return f"killed by signal {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
+def _exit_code(proc: Any, wait_s: float) -> int | None:
+    """The exit code of an ended child process (-N: killed by signal N), waited for up to ``wait_s``, and
+    left unreaped where os.waitid can say it (Linux); else it is reaped (joined)."""
+    waitid = getattr(os, "waitid", None)
+    if waitid is None or proc.pid is None:
+        proc.join(wait_s)
+        return proc.exitcode
+    deadline = time.monotonic() + wait_s
+    while True:
         try:
-            return f"killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
+            r = waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+        except ChildProcessError:  # reaped already
+            return proc.exitcode
+        if r is not None:
+            return r.si_status if r.si_code == os.CLD_EXITED else -r.si_status
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.01)
 
 
 def order_groups(todo: list[Task], durations: dict[tuple[str, str], float]) -> list[list[Task]]:
@@ -515,26 +623,50 @@ def not_run(results: list[CellRecord], explicit: list[str], plugin_backends: lis
 
 
 class CellExecutor:
-    """One persistent worker process running cells one at a time (used by the pytest plugin)."""
+    """One persistent worker process running cells one at a time (the pytest plugin, `harness check`,
+    `harness repro`, a Ray task), watched by a watchdog of its own (watchdog.py): the worker dies with
+    the process that uses this. ``max_hangs``: where it runs a run's many cells (the pytest plugin), a
+    backend that timed out on that many cells in a row has its later cells reported as TIMEOUT without
+    running them (hangs.py); 0 (the default): every cell is run."""
 
-    def __init__(self, device: str, plugins: list[str], timeout: float = 300.0, gpu: int | None = None):
+    def __init__(self, device: str, plugins: list[str], timeout: float = 300.0, gpu: int | None = None,
+                 max_hangs: int = 0):
         self.device, self.plugins, self.timeout, self.gpu = device, plugins, timeout, gpu
         self.threads = 0 if device.startswith("cuda") else max(1, os.cpu_count() or 1)
+        self.shared = False  # on a GPU shared with other workers (HARNESS_GPU_SHARED)
+        self.deathsig: bool | None = None  # _Worker's: None, where the thread starting it is the main thread
+        self.hangs = HangGuard(max_hangs)
+        self.watchdog = Watchdog()
         self.w: _Worker | None = None
 
     def _start(self) -> _Worker:
-        w = _Worker(0, self.device, self.gpu, self.plugins, self.threads)
+        w = _Worker(0, self.device, self.gpu, self.plugins, self.threads, self.shared, self.watchdog, self.deathsig)
         if not w.conn.poll(600):
             w.kill()
             raise RuntimeError("harness worker did not start within 600 s")
-        msg = w.conn.recv()
+        try:
+            msg = w.conn.recv()
+        except (EOFError, OSError) as e:
+            how = exit_status(w.proc)
+            w.kill()
+            raise RuntimeError(f"harness worker failed to start ({how})") from e
         w.ready = bool(msg.get("ready"))
         return w
 
     def run(self, t: Task) -> CellRecord:
         if t.skip:
             return t.failed("SKIP", t.skip)
-        if self.w is None or not self.w.proc.is_alive():
+        cell = self.hangs.stand_in(t)
+        if cell is None:
+            cell = self._run(t)
+            self.hangs.seen(cell)
+        return cell
+
+    def _run(self, t: Task) -> CellRecord:
+        if self.w is not None and self.w.ended():  # died between cells (killed from outside)
+            self.w.kill()
+            self.w = None
+        if self.w is None:
             self.w = self._start()
         w = self.w
         w.send(t)
@@ -555,11 +687,10 @@ class CellExecutor:
         return cell
 
     def close(self) -> None:
+        """The worker asked to stop, then killed with its process group (what its kernel started), and the
+        watchdog ended; safe to call twice, and the executor can run cells again after it."""
         if self.w is not None:
-            try:
-                self.w.conn.send(None)
-                self.w.proc.join(10)
-            except (OSError, BrokenPipeError):
-                pass
-            self.w.kill()
+            self.w.ask_to_stop()
+            self.w.stop()
             self.w = None
+        self.watchdog.close()

@@ -9,16 +9,22 @@ an executor over a cluster. Every executor reports each finished cell through th
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import re
 import sys
+import time
 import uuid
+import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import registry, runner
+from .hangs import DEFAULT_MAX_HANGS
 from .records import CellRecord
 
 
@@ -30,7 +36,33 @@ class CannotRunHere(Exception):
     """The request is well formed but nothing of it can run on this machine (exit 3)."""
 
 
+class ReportWriteError(UsageError):
+    """The report folder cannot be written (a full disk, no permission): exit 2, one line. Not a failing
+    cell (1: nothing is known to be wrong with a kernel) and not a bug of the harness (70): what the user
+    gave, --report DIR, cannot be used as asked, like a --compare REF that cannot be read. The cells
+    recorded before it stay readable in the JSONL."""
+
+
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_TESTED_NOTHING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+# where reports and repro bundles go when no --report is given: under the current directory, in a folder that
+# ignores itself (.harness/.gitignore holds "*", as .pytest_cache does), so that a run leaves any checkout clean.
+# The project's committed evidence is written with an explicit --report reports.
+HARNESS_DIR = ".harness"  # the harness's own folder under the current one: default reports, internal-error traces
+DEFAULT_REPORT_ROOT = f"{HARNESS_DIR}/reports"
+
+
+def ensure_harness_dir(path: str | Path) -> None:
+    """If ``path`` is or lies in a ``.harness`` folder, create that folder with a ``.gitignore`` of ``*`` (as
+    pytest does for .pytest_cache), so that what the harness writes there leaves any checkout's status clean."""
+    p = Path(os.path.abspath(path))
+    for d in (p, *p.parents):
+        if d.name == HARNESS_DIR:
+            d.mkdir(parents=True, exist_ok=True)
+            ignore = d / ".gitignore"
+            if not ignore.exists():
+                ignore.write_text("# created by gradient-harness: nothing in this folder is tracked\n*\n")
+            return
 
 
 def default_device() -> str:
@@ -87,7 +119,7 @@ class RunRequest:
     seed: int = 0
     repeats: int = 2
     case_filter: str | None = None
-    report: str | None = "reports"  # None: no report written (pytest without --harness-report)
+    report: str | None = DEFAULT_REPORT_ROOT  # None: no report written (pytest without --harness-report)
     command: str = ""
     # --compare REF: a report directory or a git revision (harness/compare.py)
     compare: str | None = None
@@ -120,10 +152,11 @@ class LocalPool(Executor):
     durations: dict = field(default_factory=dict)
     peaks: dict = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)
+    max_hangs: int = DEFAULT_MAX_HANGS  # --max-hangs: a backend's TIMEOUTs in a row before it is given up on
 
     def run(self, tasks: list[runner.Task], on_cell: Callable[[CellRecord], None]) -> None:
         runner.run(runner.Plan(tasks=tasks), self.plugins, on_cell, workers=self.workers, timeout=self.timeout,
-                   durations=self.durations, stats=self.stats, peaks=self.peaks)
+                   durations=self.durations, stats=self.stats, peaks=self.peaks, max_hangs=self.max_hangs)
 
     def close(self) -> None:
         """Nothing outlives run(): runner.run stops its workers before it returns, or on Ctrl-C."""
@@ -132,8 +165,9 @@ class LocalPool(Executor):
 class SingleWorker(Executor):
     """One persistent worker process running one cell at a time (a pytest item per cell)."""
 
-    def __init__(self, device: str, plugins: list[str], timeout: float = 300.0, gpu: int | None = None):
-        self.cells = runner.CellExecutor(device, plugins, timeout, gpu=gpu)
+    def __init__(self, device: str, plugins: list[str], timeout: float = 300.0, gpu: int | None = None,
+                 max_hangs: int = DEFAULT_MAX_HANGS):
+        self.cells = runner.CellExecutor(device, plugins, timeout, gpu=gpu, max_hangs=max_hangs)
 
     def run(self, tasks: list[runner.Task], on_cell: Callable[[CellRecord], None]) -> None:
         for t in tasks:
@@ -161,23 +195,33 @@ class RunSession:
         if extra_tasks is not None:
             self.plan.tasks += extra_tasks(self.plan, self.device)
         if not self.plan.tasks:
-            raise UsageError("nothing to run: no cases matched")
+            why = (f"--case {req.case_filter!r}: no case of the {req.sizes} preset has it in its name"
+                   if req.case_filter else f"--sizes {req.sizes}: the preset has no case here")
+            raise UsageError(f"nothing to run: {why} (harness list shows the presets)")
         from .provenance import device_class
 
         self.device_class = device_class(self.device) if here else str(req.elsewhere["device_class"])
         self.header = self._header()
         self.results: list[CellRecord] = []
         self.writer: Any = None
+        self._lock: Any = None
+        self._drawn_at, self._draw_took = 0.0, 0.0
         self.reference = self._reference()
         self.comparison: Any = None
 
+    # while a run goes on its report is redrawn after a cell at most this often (and at most a tenth of the
+    # time goes to it): a run killed -9 leaves a report this old at most, saying it is incomplete
+    redraw_every_s = 15.0
+
     def _header(self) -> dict[str, Any]:
         from . import report
-        from .provenance import backend_provenance, run_provenance
+        from .provenance import backend_provenance, plugin_provenance, run_provenance
 
         h = run_provenance(self.device, self.req.elsewhere)
         h["run_id"] = uuid.uuid4().hex[:10]
         h["command"] = self.req.command
+        # each plugin's file and the commit of its own repository (the harness's commit says nothing of it)
+        h["plugins"] = plugin_provenance(registry.plugins_loaded())
         h["sizes"] = self.req.sizes
         h["case_filter"] = self.req.case_filter  # a filtered run plans part of the preset (report._drop_unplanned)
         h["backends"] = {
@@ -215,7 +259,8 @@ class RunSession:
         self.comparison = compare(self.results, self.header, self.reference, self.req.compare_fail,
                                   self.req.compare_accept)
         if self.writer is not None:
-            save(self.writer.dir, self.comparison, self.header)
+            with self._writing():
+                save(self.writer.dir, self.comparison, self.header)
         try:
             require(self.comparison, self.req.compare_require)
         except CompareError as e:
@@ -230,20 +275,73 @@ class RunSession:
         return Path(self.req.report) / self.device_class if self.req.report else None
 
     def begin(self) -> None:
-        """Open the report: each operator's run header goes to its JSONL now, and the markdown is redrawn at
-        once, so that a run killed before its end leaves a report that says it is incomplete (not the last
-        run's tables, looking current)."""
-        if not self.req.report:
+        """Open the report: the report folder is taken for this run (a second run on it is refused at once,
+        a usage error naming this one), each operator's markdown is drawn with this run's cells all missing,
+        then its run header goes to its JSONL; so a run killed at any point, kill -9 included, leaves a
+        report that says it is incomplete (not the last run's tables, looking current, nor no report)."""
+        if not self.req.report or self.writer is not None:
             return
-        from .report import ReportWriter
+        from .report import FolderBusy, FolderLock, ReportWriter
 
-        self.writer = ReportWriter(self.req.report, self.device_class, self.header)
-        self.writer.begin(sorted({t.operator for t in self.plan.tasks}))
+        ensure_harness_dir(self.req.report)  # through the API too, not only the command line
+
+        with self._writing():
+            if self._lock is None:
+                lock = FolderLock(self.report_dir, self.header.get("run_id"), self.req.command)
+                try:
+                    lock.acquire()
+                except FolderBusy as e:
+                    raise UsageError(str(e)) from e
+                self._lock = lock
+                # released when the session ends however it ends (render() releases it first)
+                weakref.finalize(self, lock.release)
+            self.writer = ReportWriter(self.req.report, self.device_class, self.header)
+            t0 = time.monotonic()
+            self.writer.begin(sorted({t.operator for t in self.plan.tasks}))
+        self._drawn_at, self._draw_took = time.monotonic(), time.monotonic() - t0
 
     def record(self, cell: CellRecord) -> None:
+        """A finished cell, appended to its JSONL at once; the report is redrawn now and then (redraw_every_s)."""
         self.results.append(cell)
-        if self.writer is not None:
+        if self.writer is None:
+            return
+        with self._writing():
             self.writer.append(cell)
+            if time.monotonic() - self._drawn_at >= max(self.redraw_every_s, 10 * self._draw_took):
+                self._redraw()
+
+    def _redraw(self) -> None:
+        t0 = time.monotonic()
+        try:
+            self.writer.render(pictures=False)
+        except OSError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a report that cannot be drawn must not stop the cells; the
+            # final render raises it again
+            logging.getLogger("harness").warning("the report could not be redrawn during the run: %s: %s",
+                                                 type(e).__name__, e)
+        self._drawn_at, self._draw_took = time.monotonic(), time.monotonic() - t0
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A report write that fails (OSError: a full disk, no permission) ends the report: one clear error
+        (ReportWriteError), the folder released, nothing more written; what was written before stays (the
+        JSONL's appends are cut back, the markdown and JSON are replaced whole or not at all)."""
+        try:
+            yield
+        except OSError as e:
+            self.writer = None
+            self._release()
+            what = e.strerror or str(e)
+            where = f" (writing {e.filename})" if e.filename else ""
+            raise ReportWriteError(f"cannot write the report in {self.report_dir}: {what}{where}; the cells "
+                                   "recorded before stay in its JSONL: make room, then run again (--resume runs "
+                                   "only the cells without a result)") from e
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def execute(self, executor: Executor, on_cell: Callable[[CellRecord], None] | None = None) -> None:
         """Run every planned task; a KeyboardInterrupt stops the executor and propagates (see interrupted())."""
@@ -259,7 +357,14 @@ class RunSession:
             executor.close()
 
     def render(self) -> list[Path]:
-        return self.writer.render() if self.writer is not None else []
+        """The run's final report (heatmaps drawn), after which the report folder is released: the last
+        thing a run writes there (bundles go to ``<root>/repro``)."""
+        if self.writer is None:
+            return []
+        with self._writing():
+            paths = self.writer.render()
+        self._release()
+        return paths
 
     def exit_code(self) -> int:
         code = runner.exit_code(self.results, self.plan.explicit, self.device_class, self.plugin_backends())
@@ -276,7 +381,7 @@ class RunSession:
     def save_repro(self, cell: CellRecord) -> Path:
         from .repro import save_bundle
 
-        return save_bundle(cell, self.req.report or "reports", registry.plugins_loaded())
+        return save_bundle(cell, self.req.report or DEFAULT_REPORT_ROOT, registry.plugins_loaded())
 
     def resume_command(self) -> str:
         """The command that finishes this run: the same arguments with --resume."""

@@ -1,4 +1,5 @@
-"""reports/STATUS.md: operators x backends x dtypes x device classes at a glance."""
+"""<report>/STATUS.md (the committed reports/STATUS.md, or .harness/reports/STATUS.md by default): operators x
+backends x dtypes x device classes at a glance."""
 
 from __future__ import annotations
 
@@ -48,6 +49,13 @@ def _entry(row: dict[str, int]) -> str:
     return ", ".join(parts)
 
 
+def _regenerate(root: Path) -> str:
+    """The command that redraws this folder's STATUS.md (the default folder needs no --report)."""
+    from .session import DEFAULT_REPORT_ROOT
+
+    return "harness report" if Path(root) == Path(DEFAULT_REPORT_ROOT) else f"harness report --report {root}"
+
+
 def write_status(root: Path) -> Path:
     table: dict[tuple[str, str], dict[tuple[str, str], dict[str, int]]] = {}
     columns: set[tuple[str, str]] = set()
@@ -75,7 +83,7 @@ def write_status(root: Path) -> Path:
         "Conformance cells per operator and backend (rows) by device class and dtype (columns): passes over "
         "cells that ran, then failures (of which marginal: every ratio <= 2, no localized structure) and "
         "cells inside a declared precision gap, counted apart. Judged from the stored figures under today's "
-        "rules and declarations; regenerate with `harness report`. Each operator's report is linked below.",
+        f"rules and declarations; regenerate with `{_regenerate(root)}`. Each operator's report is linked below.",
         "",
         "| operator | backend | " + " | ".join(f"{dc} {short_dtype(dt)}" for dc, dt in cols) + " |",
         "|---|---|" + "---|" * len(cols),

@@ -15,10 +15,14 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 
-def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threads: int) -> None:
+def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threads: int,
+                parent: int | None = None) -> None:
     # Ctrl-C is the parent's: it stops the workers and reports what completed (runner.py spawns this
-    # process with SIGINT blocked, so none arrives before this line; from here on it is ignored)
+    # process with SIGINT and SIGTERM blocked, so none arrives before this line; from here on SIGINT is
+    # ignored, and SIGTERM, sent to this process itself, ends it as usual)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    own_group(parent)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     os.environ.update(env)
     import torch
 
@@ -49,6 +53,28 @@ def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threa
             sys.exit(3)
         if task["device"].startswith("cuda") and cell.status.value != "SKIP":
             torch.cuda.empty_cache()  # cached blocks would starve other workers sharing this GPU
+
+
+def own_group(parent: int | None) -> None:
+    """This worker in a session and process group of its own, before torch or a plugin is imported: the
+    processes a kernel starts join it, and the runner, or the run's watchdog (watchdog.py) when the run's
+    process dies, kills the group as one. With ``parent`` (the pid of the process that started this one,
+    from the thread that will outlive it), Linux also SIGKILLs this worker when that thread dies
+    (PR_SET_PDEATHSIG), even where the watchdog was killed with it."""
+    try:
+        os.setsid()
+    except OSError:  # already a group leader (not as runner.py starts it)
+        pass
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl: no signal will come, and no one waits for us
+        os._exit(1)
 
 
 def _unavailable_here(task: dict, case: Any) -> Any:

@@ -63,6 +63,58 @@ def test_ctrl_c_stops_workers_keeps_what_completed_and_prints_the_resume_command
     assert not left, left
 
 
+def _workers_of(pid: int) -> list[int]:
+    """The harness worker processes that ``pid`` started (multiprocessing's spawn children)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            stat, cmd = (d / "stat").read_text(), (d / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid and b"spawn_main" in cmd:
+            out.append(int(d.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] not in ("Z", "X")
+
+
+def test_sigterm_is_handled_as_ctrl_c_is_and_exits_143(tmp_path: Path):
+    """SIGTERM (a scheduler's stop, `kill PID`) to the run's process alone: the workers stopped, the cells that
+    completed kept and summarized, the report marked incomplete, the --resume command printed; exit 128+15."""
+    p = start(tmp_path, "--backend", "golden,sleeps", "--plugin", str(SLEEPY), "--dtype", "float32",
+              "--workers", "1", "--timeout", "600")
+    jsonl = tmp_path / "cpu" / "mhc_pre.jsonl"
+    workers: list[int] = []
+    try:
+        wait_for(lambda: cells_in(jsonl) >= 1)
+        time.sleep(1.0)
+        workers = _workers_of(p.pid)
+        assert workers
+        os.kill(p.pid, signal.SIGTERM)
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for w in workers:  # what the code under test left running
+            if _alive(w):
+                os.kill(w, signal.SIGKILL)
+    assert p.returncode == 143, out
+    assert "Traceback" not in out, out
+    assert "interrupted: workers stopped;" in out and " cells completed" in out, out
+    assert "golden" in out and " pass" in out, out  # the summary of what completed
+    assert "to run the " in out and " remaining cells: harness run --kernel mhc" in out and out.rstrip().endswith(
+        "--resume"), out
+    assert "**Incomplete:" in (tmp_path / "cpu" / "mhc_pre.md").read_text()
+    assert cells_in(jsonl) >= 1
+    assert not [w for w in workers if _alive(w)], workers
+
+
 def test_a_killed_run_leaves_its_report_marked_incomplete_not_stale(tmp_path: Path):
     r = subprocess.run([sys.executable, "-m", "harness", "run", "--kernel", "mhc", "--sizes", "smoke", "--device",
                         "cpu", "--backend", "golden", "--dtype", "float32", "--report", str(tmp_path),

@@ -223,7 +223,7 @@ def test_a_killed_worker_costs_its_own_cell_only(cluster_address: str, tmp_path:
     assert killed == {"slow-a", "slow-b"}, out[-3000:]
     assert rc == 1, out[-3000:]
     by = {k[0]: c for k, c in _cells(tmp_path / "r").items()}
-    assert by["slow-a"]["status"] == "CRASH" and "killed by signal SIGKILL" in by["slow-a"]["error"], by["slow-a"]
+    assert by["slow-a"]["status"] == "CRASH" and "killed by signal 9 (SIGKILL)" in by["slow-a"]["error"], by["slow-a"]
     assert by["slow-b"]["status"] == "CRASH" and "Ray worker died" in by["slow-b"]["error"], by["slow-b"]
     assert by["golden"]["status"] == by["after"]["status"] == "PASS"
     rc, out = _wait(_harness(*args, "--backend", "golden,slow-a,slow-b,after,later", "--resume",
