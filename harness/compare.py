@@ -104,11 +104,16 @@ def _add(out: Reference, cells: list[CellRecord], runs: dict[str, dict]) -> None
 
 
 def _git_show(rev: str, path: str, repo: Path | None) -> str | None:
+    """``path`` at ``rev`` in the repository of the current folder (a user's project, where their reports are
+    committed), else in the harness's own checkout (its committed evidence)."""
     from .registry import REPO_ROOT
 
-    r = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=repo or REPO_ROOT, capture_output=True, text=True,
-                       timeout=120)
-    return r.stdout if r.returncode == 0 else None
+    for where in ([repo] if repo else [Path.cwd(), REPO_ROOT]):
+        r = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=where, capture_output=True, text=True,
+                           timeout=120)
+        if r.returncode == 0:
+            return r.stdout
+    return None
 
 
 @dataclass

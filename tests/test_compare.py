@@ -144,3 +144,31 @@ def test_cells_with_other_inputs_oracle_code_or_toolchain_are_not_comparable(cel
     assert got.not_comparable[0].why_not == "different torch (2.12.0 -> 2.13.0)"
     with pytest.raises(CompareError, match="compared 0 of 1 cells"):
         require(got, 0.9)
+
+
+def test_a_git_revision_of_the_users_own_project_is_read_from_the_current_folder(tmp_path: Path):
+    """A user commits their reports in their own repository and compares against it from there, not
+    against the harness's checkout."""
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.email=t@localhost", "-c", "user.name=t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "harness", "run", "--kernel", "mhc", "--case", "tiny",
+                               "--backend", "mine", "--plugin", "mine.py", "--dtype", "float32", "--device", "cpu",
+                               "--report", "reports", "--no-progress", *extra], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=600)
+
+    (tmp_path / "mine.py").write_text(
+        "from harness import Backend, register_backend\n"
+        "from harness.backends.golden.mhc_pre import backward, forward\n"
+        "register_backend(Backend(operator='mhc_pre', name='mine', impl=forward, backward=backward,\n"
+        "                         devices=('cpu',)))\n")
+    git("init", "-q")
+    first = run()
+    assert first.returncode == 0, first.stdout + first.stderr
+    git("add", "reports/cpu/mhc_pre.jsonl")
+    git("commit", "-qm", "evidence")
+    again = run("--compare", "HEAD")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert re.search(r"compared with HEAD \([\w+]+\): [1-9]\d* matched, 0 unmatched", again.stdout), again.stdout
