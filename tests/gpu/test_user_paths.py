@@ -40,9 +40,9 @@ def harness(*args: str, cwd: Path = ROOT, timeout: float = 420, env: dict | None
                           timeout=timeout, env={**ENV, **(env or {})})
 
 
-def start(*args: str, cwd: Path = ROOT) -> subprocess.Popen:
+def start(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=ENV, start_new_session=True,
+                            stderr=subprocess.STDOUT, text=True, env={**ENV, **(env or {})}, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
@@ -377,8 +377,10 @@ def test_ray_on_gpu_same_verdicts_as_local_with_a_worker_killed(tmp_path: Path):
         p = start("run", "--kernel", "mhc", "--case", "tiny", "--backend", "slow,golden", "--dtype", "float32",
                   "--device", "cuda",
                   "--plugin", str(plugin), "--report", str(tmp_path / "RK"), "--no-progress", "--executor", "ray",
-                  "--ray-address", "127.0.0.1:6391", "--timeout", "300")
-        wait_for(lambda: pids.exists() and pids.read_text().strip(), what="the slow cell on a Ray worker")
+                  "--ray-address", "127.0.0.1:6391", "--timeout", "300", env=env)  # the cluster's token
+        wait_for(lambda: (pids.exists() and pids.read_text().strip()) or p.poll() is not None,
+                 what="the slow cell on a Ray worker")
+        assert p.poll() is None, p.communicate()[0][-3000:]
         _pid, ray_worker = map(int, pids.read_text().split()[:2])
         os.kill(ray_worker, signal.SIGKILL)
         out, _ = p.communicate(timeout=400)
