@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from . import registry
+from .arguments import device_arg, plugin_arg, seconds
 from .judgement import judge_cell
 from .records import CellRecord, ComponentFigures, Status
 from .registry import Backend
@@ -38,7 +39,6 @@ WIDTH = 100
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `harness check` (a bad value: cli's one-line usage error, exit 2)."""
-    from .cli import device_arg, plugin_arg, seconds
 
     parser.add_argument("plugins", nargs="+", metavar="PLUGIN", type=plugin_arg,
                         help="adapter file (path/to/adapter.py) or module (package.module)")
