@@ -67,6 +67,9 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     g.addoption("--harness-dtype", default=None, help="comma-separated dtypes (default: the device's list)")
     g.addoption("--harness-report", default=None, help="also write cells to this report directory")
     g.addoption("--harness-timeout", type=float, default=300.0, help="seconds per cell")
+    g.addoption("--harness-max-hangs", type=int, default=2, metavar="N",
+                help="a backend whose items time out N times in a row has its other items reported TIMEOUT "
+                     "without running them (default 2; 0: run every item)")
     g.addoption("--harness-compare-fail", type=float, default=1.5, metavar="X",
                 help="growth of an error ratio that is a regression (default 1.5)")
     g.addoption("--harness-bench", action="store_true", default=None,
@@ -220,7 +223,8 @@ class PytestRun:
                 except UsageError as e:  # the report folder is another run's (or cannot be written)
                     pytest.exit(f"harness: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
                 self.executor = SingleWorker(self.session.device, registry.plugins_loaded(),
-                                             self.config.getoption("harness_timeout"), gpu=_gpu_for_xdist_worker())
+                                             self.config.getoption("harness_timeout"), gpu=_gpu_for_xdist_worker(),
+                                             max_hangs=self.config.getoption("harness_max_hangs"))
             cell = self.executor.cells.run(t)
         self.session.record(cell)
         return cell

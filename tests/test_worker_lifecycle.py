@@ -325,3 +325,21 @@ def test_on_ray_a_backend_that_hangs_twice_is_given_up_on(tmp_path: Path):
     assert r.returncode == 1, out
     assert len(got) == 10 and all(c["status"] == "TIMEOUT" for c in got), out
     assert 2 <= len(hung) <= 3 and len(stood_in) == 10 - len(hung), [c["error"] for c in got]
+
+
+@pytest.mark.parametrize("max_hangs, tried", [(None, 2), ("0", 3)])
+def test_pytest_harness_max_hangs(tmp_path: Path, max_hangs: str | None, tried: int):
+    """pytest's items follow the same rule; --harness-max-hangs 0 runs every item, as --max-hangs 0 does."""
+    from subprocess_env import inner_pytest_env
+
+    pids = tmp_path / "pids"
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--harness-kernel", "mhc",
+            "--harness-backend", "hangs", "--harness-dtype", "float32", "--harness-device", "cpu",
+            "--harness-plugin", LIFECYCLE, "--harness-timeout", "2", "-k", "tiny or xT or T16"]
+    args += ["--harness-max-hangs", max_hangs] if max_hangs is not None else []
+    r = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                       env=inner_pytest_env(LIFECYCLE_PIDS=str(pids)))
+    kill_leftovers(notes(pids))
+    assert "3 failed" in r.stdout, r.stdout[-3000:]
+    assert len(notes(pids)) == tried, r.stdout[-3000:]
+    assert (NOT_RUN in r.stdout) == (tried < 3), r.stdout[-3000:]
