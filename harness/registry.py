@@ -136,12 +136,21 @@ _capture: list[Backend] | None = None
 
 
 def register_operator(spec: OperatorSpec) -> OperatorSpec:
+    old = _OPERATORS.get(spec.name)
+    if old is not None and _defined_in(old) != _defined_in(spec):  # the same module imported again is no clash
+        raise RegistrationError(f"operator {spec.name!r} is already registered (by {_defined_in(old)}): give "
+                                f"yours another name (registering it from {_defined_in(spec)})")
     _OPERATORS[spec.name] = spec
     for alias in spec.aliases:
         _ALIASES.setdefault(alias, [])
         if spec.name not in _ALIASES[alias]:
             _ALIASES[alias].append(spec.name)
     return spec
+
+
+def _defined_in(spec: OperatorSpec) -> str:
+    """The module that defines an operator: where its inputs are made (every OperatorSpec has make_inputs)."""
+    return getattr(spec.make_inputs, "__module__", None) or "?"
 
 
 def register_mutant(m: Mutant) -> Mutant:

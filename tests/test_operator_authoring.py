@@ -204,7 +204,7 @@ def test_a_backend_that_ignores_the_innermost_stride_reads_the_gaps_and_fails():
 # ---- the example operator, from a folder outside the repository ----------------------------------
 
 def harness_run(folder: Path, backend: str, *more: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "harness", "run", "--plugin", "adapter.py", "--kernel", "rmsnorm", "--backend",
+    cmd = [sys.executable, "-m", "harness", "run", "--plugin", "adapter.py", "--kernel", "example_rmsnorm", "--backend",
            backend, "--sizes", "sweep", "--device", "cpu", "--report", str(folder / "reports"), "--no-progress", *more]
     return subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "TRITON_INTERPRET": "1"})
@@ -233,8 +233,8 @@ def test_the_wrong_example_fails_and_the_harness_localizes_the_lost_feature_bloc
     # the planted bug (the dw store after the feature loop): dw wrong in every feature block but the
     # last, wherever features span more than one block of 32; y and dx right
     assert re.search(r"example-triton-wrong +float32 +3 pass, 7 fail\n", r.stdout), r.stdout
-    failing = re.findall(r"✗ rmsnorm/example-triton-wrong/float32/rows\d+-features(\d+)\S*: FAIL \(gross\) (.*)",
-                         r.stdout)
+    failing = re.findall(
+        r"✗ example_rmsnorm/example-triton-wrong/float32/rows\d+-features(\d+)\S*: FAIL \(gross\) (.*)", r.stdout)
     assert len(failing) == 7, r.stdout  # the cases with features > 32
     for features, what in failing:
         blocks = math.ceil(int(features) / 32)
@@ -244,7 +244,7 @@ def test_the_wrong_example_fails_and_the_harness_localizes_the_lost_feature_bloc
         assert "y FAIL" not in what and "dx FAIL" not in what
     assert "cause: example-triton-wrong: dw fail exactly where features > 32 (7/7 cells) and pass elsewhere (3/3)" \
         in r.stdout
-    report = (example / "reports" / "cpu" / "rmsnorm.md").read_text()
+    report = (example / "reports" / "cpu" / "example_rmsnorm.md").read_text()
     assert "where: feature (blocks of 32): 0-2 bad of 4 (3 ok)" in report
 
 
@@ -261,13 +261,13 @@ def test_the_readme_shows_the_example_operator_as_it_is():
 def test_the_example_through_pytest_plugin_from_outside_the_repository(example: Path):
     """The same road through pytest: no test file in the folder, the conformance items collected by the plugin."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--plugin", "adapter.py", "--kernel",
-           "rmsnorm", "--backend", "example-triton,example-triton-wrong", "--sizes", "sweep", "--harness-device",
-           "cpu", "--harness-dtype", "float32"]
+           "example_rmsnorm", "--backend", "example-triton,example-triton-wrong", "--sizes", "sweep",
+           "--harness-device", "cpu", "--harness-dtype", "float32"]
     r = subprocess.run(cmd, cwd=example, capture_output=True, text=True, timeout=600,
                        env=inner_pytest_env(TRITON_INTERPRET="1"))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "7 failed, 13 passed" in r.stdout, r.stdout[-3000:]
-    failed = re.findall(r"FAILED harness::test_conformance\[rmsnorm-(\S+?)-float32-", r.stdout)
+    failed = re.findall(r"FAILED harness::test_conformance\[example_rmsnorm-(\S+?)-float32-", r.stdout)
     assert failed and set(failed) == {"example-triton-wrong"}, failed
     assert "dw             FAIL" in r.stdout and "feature (blocks of 32): 0-2 bad of 4 (3 ok)" in r.stdout
     assert "repro: harness repro " in r.stdout

@@ -84,3 +84,19 @@ def test_two_plugins_each_with_a_kernels_module_get_their_own(tmp_path: Path):
     assert r.returncode == 0, r.stderr
     assert "alice" in r.stdout and "kernels of alice" in r.stdout
     assert "kernels of bob" in r.stdout, r.stdout  # not alice's module under bob's name
+
+
+def test_an_operator_name_taken_is_an_error(tmp_path: Path):
+    """register_operator overwrote an operator of the same name silently: a plugin's operator replaced an
+    in-tree one (or another plugin's) and every backend of it then ran against the wrong reference."""
+    plugin = tmp_path / "clash_op.py"
+    plugin.write_text(
+        "from harness import OperatorSpec, register_operator\n"
+        "from harness.registry import get_operator\n"
+        "import dataclasses\n"
+        "def make_inputs(case, dtype, gen, device):\n"
+        "    raise NotImplementedError\n"
+        "register_operator(dataclasses.replace(get_operator('mhc_pre'), make_inputs=make_inputs))\n")
+    r = harness("list", "--device", "cpu", "--plugin", str(plugin))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "operator 'mhc_pre' is already registered" in r.stderr and "another name" in r.stderr, r.stderr

@@ -152,10 +152,10 @@ def test_a_plugin_operator_and_backend_through_run_check_and_pytest(tmp_path: Pa
     folder = tmp_path / "my_kernels"
     shutil.copytree(ROOT / "tests" / "examples" / "rmsnorm", folder)
     adapter = folder / "adapter.py"
-    ran = harness("run", "--plugin", str(adapter), "--kernel", "rmsnorm", "--backend", "example-triton",
+    ran = harness("run", "--plugin", str(adapter), "--kernel", "example_rmsnorm", "--backend", "example-triton",
                   "--sizes", "smoke", "--device", "cuda", "--report", str(tmp_path / "R"), "--no-progress", cwd=folder)
     assert ran.returncode == 0, said(ran)
-    wrong = harness("run", "--plugin", str(adapter), "--kernel", "rmsnorm", "--backend", "example-triton-wrong",
+    wrong = harness("run", "--plugin", str(adapter), "--kernel", "example_rmsnorm", "--backend", "example-triton-wrong",
                     "--sizes", "smoke", "--device", "cuda", "--report", str(tmp_path / "R"), "--no-progress",
                     cwd=folder)
     assert wrong.returncode == 1, said(wrong)
@@ -163,12 +163,12 @@ def test_a_plugin_operator_and_backend_through_run_check_and_pytest(tmp_path: Pa
     checked = harness("check", str(adapter), "--device", "cuda", cwd=folder)
     assert checked.returncode == 0 and "2 backend(s) on cuda: 2 ok" in checked.stdout, said(checked)
     py = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--harness-backend",
-                         "example-triton", "--harness-plugin", str(adapter), "--harness-kernel", "rmsnorm",
+                         "example-triton", "--harness-plugin", str(adapter), "--harness-kernel", "example_rmsnorm",
                          "--harness-device", "cuda"], cwd=folder, capture_output=True, text=True, timeout=420,
                         env=ENV)
     assert py.returncode == 0 and " passed" in py.stdout, said(py)
     # both commits in the header: the harness's and the plugin's folder's (not a git repository here)
-    header = [json.loads(x)["run"] for x in (device_class_dir(tmp_path / "R") / "rmsnorm.jsonl").read_text()
+    header = [json.loads(x)["run"] for x in (device_class_dir(tmp_path / "R") / "example_rmsnorm.jsonl").read_text()
               .splitlines() if x.startswith('{"run"')][-1]
     assert header.get("plugins"), header
 

@@ -1,6 +1,6 @@
 """Registers the example RMSNorm operator and two Triton backends for it.
 
-    harness run --plugin adapter.py --kernel rmsnorm --backend example-triton --sizes sweep --device cpu
+    harness run --plugin adapter.py --kernel example_rmsnorm --backend example-triton --sizes sweep --device cpu
 """
 
 import kernels  # beside this file: the harness puts a plugin's folder on sys.path
@@ -8,7 +8,7 @@ import rmsnorm  # noqa: F401 - registers the operator
 
 from harness import Backend, register_backend
 
-COMMON = dict(operator="rmsnorm", devices=("cpu", "cuda"), interpret=True, requires=("triton",),
+COMMON = dict(operator="example_rmsnorm", devices=("cpu", "cuda"), interpret=True, requires=("triton",),
               # the feature axis is localized per kernel block (OperatorSpec.dim_blocks names BLOCK)
               blocks={"BLOCK": kernels.BLOCK}, sources=(kernels.__file__, rmsnorm.__file__, __file__))
 

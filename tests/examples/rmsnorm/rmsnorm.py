@@ -37,7 +37,7 @@ SWEEP = named_cases(
 )
 
 register_operator(OperatorSpec(
-    name="rmsnorm", inputs=("x", "w"), differentiable=("x", "w"), outputs=("y",), graded_outputs=("y",),
+    name="example_rmsnorm", inputs=("x", "w"), differentiable=("x", "w"), outputs=("y",), graded_outputs=("y",),
     reference=reference, make_inputs=make_inputs,
     presets={"smoke": lambda device: SMOKE, "sweep": lambda device: SWEEP},
     dims={"x": ("row", "feature"), "w": ("feature",), "y": ("row", "feature")},
