@@ -1,0 +1,77 @@
+"""Triton kernels of the gated MLP activations ``swiglu`` and ``geglu`` (docs/kernels/triton-gated_mlp.md).
+
+``out = act(gate) * up``. One program per (row tile of BLOCK_R rows, feature block of BLOCK_F features);
+every tensor is addressed through its own strides (any layout, no copies) with 64-bit offsets. The
+activation and its derivative are computed in float32 whatever the input dtype; the forward reads gate and
+up once and writes out once, the backward reads gate, up and dout once and writes dgate and dup once.
+
+ACT (constexpr): 0 silu, 1 gelu (exact, erf), 2 gelu (tanh approximation).
+"""
+
+import triton
+import triton.language as tl
+
+ACT_SILU, ACT_GELU, ACT_GELU_TANH = 0, 1, 2
+
+# constants written out in _act: 0.7071067811865476 = 1/sqrt(2), 0.3989422804014327 = 1/sqrt(2 pi),
+# 0.7978845608028654 = sqrt(2/pi), 0.044715 the tanh approximation's cubic coefficient
+
+
+@triton.jit
+def _tile(R, F, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Rows and feature columns of this program's tile (int64) and its mask."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    mask = (rows < R)[:, None] & (cols < F)[None, :]
+    return rows.to(tl.int64), cols.to(tl.int64), mask
+
+
+@triton.jit
+def _tanh(x):
+    # tanh(|x|) = 1 - 2 / (exp(2|x|) + 1), sign restored; |x| clamped at 20, where tanh is 1 in float32,
+    # so that exp never overflows
+    a = tl.minimum(tl.abs(x), 20.0)
+    t = 1.0 - 2.0 / (tl.exp(2.0 * a) + 1.0)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _act(g, ACT: tl.constexpr):
+    """(act(g), act'(g)) in float32; g is float32."""
+    if ACT == 0:
+        s = tl.sigmoid(g)
+        a = g * s
+        da = s * (1.0 + g * (1.0 - s))
+    elif ACT == 1:
+        cdf = 0.5 * (1.0 + tl.math.erf(g * 0.7071067811865476))
+        a = g * cdf
+        da = cdf + g * (0.3989422804014327 * tl.exp(-0.5 * g * g))
+    else:
+        t = _tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))
+        a = 0.5 * g * (1.0 + t)
+        da = 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * g * g)
+    return a, da
+
+
+@triton.jit
+def _fwd_kernel(gate_ptr, up_ptr, out_ptr, R, F, sgr, sgf, sur, suf, sor, sof,
+                ACT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
+    rows, cols, mask = _tile(R, F, BLOCK_R, BLOCK_F)
+    g = tl.load(gate_ptr + rows[:, None] * sgr + cols[None, :] * sgf, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + rows[:, None] * sur + cols[None, :] * suf, mask=mask, other=0.0).to(tl.float32)
+    a, _ = _act(g, ACT)
+    tl.store(out_ptr + rows[:, None] * sor + cols[None, :] * sof, (a * u).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bwd_kernel(gate_ptr, up_ptr, dout_ptr, dgate_ptr, dup_ptr, R, F, sgr, sgf, sur, suf, sdr, sdf,
+                sdgr, sdgf, sdur, sduf, ACT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
+    rows, cols, mask = _tile(R, F, BLOCK_R, BLOCK_F)
+    g = tl.load(gate_ptr + rows[:, None] * sgr + cols[None, :] * sgf, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + rows[:, None] * sur + cols[None, :] * suf, mask=mask, other=0.0).to(tl.float32)
+    d = tl.load(dout_ptr + rows[:, None] * sdr + cols[None, :] * sdf, mask=mask, other=0.0).to(tl.float32)
+    a, da = _act(g, ACT)
+    # dgate = dout * up * act'(gate), dup = dout * act(gate)
+    tl.store(dgate_ptr + rows[:, None] * sdgr + cols[None, :] * sdgf, (d * u * da).to(dgate_ptr.dtype.element_ty),
+             mask=mask)
+    tl.store(dup_ptr + rows[:, None] * sdur + cols[None, :] * sduf, (d * a).to(dup_ptr.dtype.element_ty), mask=mask)
