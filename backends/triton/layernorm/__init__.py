@@ -1,0 +1,1 @@
+"""Triton backend of layernorm (docs/specs/layernorm.md, docs/kernels/triton-layernorm.md)."""

@@ -1,0 +1,45 @@
+"""Ahead-of-time compile targets of the layernorm kernels: the constexpr combos the GPU launches use.
+
+Forward and backward in each x dtype, and the dw/db reduction per parameter dtype. Block sizes come from
+the wrapper's GPU configuration; unit innermost strides and 16-aligned row strides are specialized as the
+JIT does for contiguous tensors at production sizes (F = 4096).
+"""
+
+from __future__ import annotations
+
+from . import kernels as K
+from .wrapper import GPU_CONFIG as C
+
+_PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
+# pointers that carry x's dtype (w, b, y and the gradients share it); the others are float32
+_DATA = {"x_ptr", "w_ptr", "b_ptr", "y_ptr", "dy_ptr", "dx_ptr", "out_ptr"}
+_UNIT = ("sxf", "sw", "sb", "syf", "sdyf", "sdxf", "so")
+_ALIGNED = {"sxr", "syr", "sdyr", "sdxr", "F"}
+
+
+def _target(name: str, fn, dtype: str, constexprs: dict, warps: int) -> dict:
+    constexprs = {a: 1 for a in _UNIT if a in fn.arg_names} | constexprs
+    sig = {}
+    for a in fn.arg_names:
+        if a in constexprs:
+            sig[a] = "constexpr"
+        elif a.endswith("_ptr"):
+            sig[a] = _PTR[dtype] if a in _DATA else "*fp32"
+        else:
+            sig[a] = "fp32" if a == "eps" else "i32"
+    aligned = [a for a in fn.arg_names if a not in constexprs and (a.endswith("_ptr") or a in _ALIGNED)]
+    return {"name": name, "kernel": fn, "signature": sig, "constexprs": constexprs,
+            "options": {"num_warps": warps}, "aligned": aligned}
+
+
+def aot_targets() -> list[dict]:
+    out = []
+    blocks = {"BLOCK_R": C["BLOCK_R"], "BLOCK_F": C["BLOCK_F"]}
+    for dt in ("bf16", "fp16", "fp32"):
+        out.append(_target(f"fwd-{dt}", K._fwd_kernel, dt, dict(blocks), C["warps"]))
+        bwd = _target(f"bwd-{dt}", K._bwd_kernel, dt, dict(blocks), C["warps"])
+        bwd["options"]["enable_fp_fusion"] = False  # as wrapper.backward launches it
+        out.append(bwd)
+        out.append(_target(f"reduce-{dt}", K._reduce_kernel, dt, {"BLOCK_T": C["red_t"], "BLOCK_F": C["red_f"]},
+                           C["red_warps"]))
+    return out

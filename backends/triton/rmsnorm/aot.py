@@ -1,0 +1,45 @@
+"""Ahead-of-time compile targets of the rmsnorm kernels: the constexpr combos the GPU launches use.
+
+Forward and backward with and without the residual in each x dtype, and the dw reduction per dw dtype.
+Block sizes come from the wrapper's GPU configuration; unit innermost strides and 16-aligned row strides
+are specialized as the JIT does for contiguous tensors at production sizes (F = 4096).
+"""
+
+from __future__ import annotations
+
+from . import kernels as K
+from .wrapper import GPU_CONFIG as C
+
+_PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
+# pointers that carry x's dtype (w, the outputs and the gradients share it); the others are float32
+_DATA = {"x_ptr", "r_ptr", "w_ptr", "y_ptr", "ro_ptr", "dy_ptr", "dro_ptr", "dx_ptr", "dw_ptr"}
+_UNIT = ("sxf", "srf", "syf", "sof", "sw", "sdyf", "sdof", "sdxf", "sdw")
+_ALIGNED = {"sxr", "srr", "syr", "sor", "sdyr", "sdor", "sdxr", "F"}
+
+
+def _target(name: str, fn, dtype: str, constexprs: dict, warps: int) -> dict:
+    constexprs = {a: 1 for a in _UNIT if a in fn.arg_names} | constexprs
+    sig = {}
+    for a in fn.arg_names:
+        if a in constexprs:
+            sig[a] = "constexpr"
+        elif a.endswith("_ptr"):
+            sig[a] = _PTR[dtype] if a in _DATA else "*fp32"
+        else:
+            sig[a] = "fp32" if a == "eps" else "i32"
+    aligned = [a for a in fn.arg_names if a not in constexprs and (a.endswith("_ptr") or a in _ALIGNED)]
+    return {"name": name, "kernel": fn, "signature": sig, "constexprs": constexprs,
+            "options": {"num_warps": warps}, "aligned": aligned}
+
+
+def aot_targets() -> list[dict]:
+    out = []
+    blocks = {"BLOCK_R": C["BLOCK_R"], "BLOCK_F": C["BLOCK_F"]}
+    for dt in ("bf16", "fp16", "fp32"):
+        for res in (True, False):
+            tag = f"{dt}{'-res' if res else ''}"
+            out.append(_target(f"fwd-{tag}", K._fwd_kernel, dt, {"HAS_RES": res} | blocks, C["warps"]))
+            out.append(_target(f"bwd-{tag}", K._bwd_kernel, dt, {"HAS_RES": res} | blocks, C["warps"]))
+        out.append(_target(f"reduce-{dt}", K._reduce_kernel, dt, {"BLOCK_T": C["red_t"], "BLOCK_F": C["red_f"]},
+                           C["red_warps"]))
+    return out
