@@ -55,6 +55,7 @@ def _progress(total: int, enabled: bool):
 def _resume(tasks: list, dir_: Path, commit: str) -> tuple[list, list[str]]:
     """The tasks without a result from a run at this commit in ``dir_``, and the ids of those runs."""
     from . import report
+    from .hangs import HangGuard
 
     if not commit or commit == "unknown" or commit.endswith("+dirty"):
         raise UsageError(f"--resume: the checkout is at {commit!r}; results can only be reused from a clean "
@@ -64,7 +65,8 @@ def _resume(tasks: list, dir_: Path, commit: str) -> tuple[list, list[str]]:
     for op in sorted({t.operator for t in tasks}):
         cells, runs = report.load(dir_, op)
         for c in cells:
-            if runs.get(c.run_id or "", {}).get("commit") == commit:
+            # a cell not run because its backend hung before is no result: a resumed run tries it
+            if runs.get(c.run_id or "", {}).get("commit") == commit and not HangGuard.is_stand_in(c):
                 done.add(c.key)
                 used.add(c.run_id or "")
     left = []

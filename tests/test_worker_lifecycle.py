@@ -343,3 +343,38 @@ def test_pytest_harness_max_hangs(tmp_path: Path, max_hangs: str | None, tried: 
     assert "3 failed" in r.stdout, r.stdout[-3000:]
     assert len(notes(pids)) == tried, r.stdout[-3000:]
     assert (NOT_RUN in r.stdout) == (tried < 3), r.stdout[-3000:]
+
+
+FLAKY_HANG = '''
+import os, time
+from harness.backends.golden.mhc_pre import backward, forward
+from harness import Backend, register_backend
+
+def impl(x, phi, alpha, bias, gamma=None, **kw):
+    if os.environ.get("HANG_NOW"):
+        time.sleep(3600)  # a stuck GPU, a deadlock that a restart clears: not the kernel's numerics
+    return forward(x, phi, alpha, bias, gamma, **kw)
+
+register_backend(Backend(operator="mhc_pre", name="sometimes-hangs", impl=impl, backward=backward,
+                         devices=("cpu",)))
+'''
+
+
+def test_resume_runs_the_cells_not_run_because_the_backend_hung(tmp_path: Path):
+    """A cell given up on ("not run: the backend hung twice") has no result: --resume at the same commit
+    runs it; the two that hung keep their TIMEOUT."""
+    plugin = tmp_path / "flaky.py"
+    plugin.write_text(FLAKY_HANG)
+    args = [sys.executable, "-m", "harness", "run", "--kernel", "mhc", "--device", "cpu", "--dtype", "float32",
+            "--backend", "sometimes-hangs", "--plugin", str(plugin), "--report", str(tmp_path / "r"), "--workers",
+            "1", "--timeout", "2", "--no-progress"]
+    env = {**os.environ, "HARNESS_COMMIT": "resume-after-hangs"}
+    first = subprocess.run(args, capture_output=True, text=True, timeout=600, env={**env, "HANG_NOW": "1"})
+    assert first.returncode == 1, first.stdout + first.stderr
+    hung = [c for c in cells(tmp_path) if c["error"].startswith("no result after")]
+    given_up = [c for c in cells(tmp_path) if c["error"] == NOT_RUN]
+    assert len(hung) == 2 and len(given_up) == 3, cells(tmp_path)
+    again = subprocess.run([*args, "--resume"], capture_output=True, text=True, timeout=600, env=env)
+    assert "2 of 5 cells already have a result" in again.stdout, again.stdout + again.stderr
+    latest = {c["case"]["name"]: c["status"] for c in cells(tmp_path)}  # the last record of each case wins
+    assert sorted(latest.values()) == ["PASS"] * 3 + ["TIMEOUT"] * 2, latest
