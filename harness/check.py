@@ -151,13 +151,17 @@ def load(specs: list[str]) -> Loaded:
         ops_before = set(registry.operators())
         try:
             mine = registry.load_plugin(spec)
-        except (FileNotFoundError, ValueError) as e:  # PluginError and RegistrationError are ValueErrors
-            raise Stop(2, str(e)) from e
+        except FileNotFoundError as e:  # the positional PLUGIN, not an option: name it as the user typed it
+            raise Stop(2, f"error: PLUGIN {spec!r}: no such file; expected an adapter file (path/to/adapter.py) "
+                          "or an importable module") from e
+        except ValueError as e:  # PluginError and RegistrationError are ValueErrors
+            raise Stop(2, f"error: {e}") from e
         ops = set(registry.operators()) - ops_before
         mine += [b for op in sorted(ops) for b in registry.backends(op)]
         if not mine:
-            raise Stop(2, f"{spec}: registers no backend; an adapter calls register_backend(Backend(operator=..., "
-                          "name=..., impl=...)) when it is imported (see README.md, 'Plug in your own kernel')")
+            raise Stop(2, f"error: {spec}: registers no backend; an adapter calls register_backend(Backend("
+                          "operator=..., name=..., impl=...)) when it is imported (see docs/user-guide.md, "
+                          "'Plug in your own kernel: adapters')")
         found.update((b.key, b) for b in mine)
         new_ops.update(dict.fromkeys(ops, spec))
     return Loaded(list(found.values()), plugins, new_ops)

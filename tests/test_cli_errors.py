@@ -190,7 +190,7 @@ BAD = [
     (["repro", "{unknown_op}", "--plugin", "{missing}.py"], "--plugin"),
     (["repro"], "BUNDLE"),
     # check
-    (["check", "{missing}.py", "--device", "cpu"], "plugin"),
+    (["check", "{missing}.py", "--device", "cpu"], "PLUGIN"),
     (["check", "{dir}", "--device", "cpu"], "PLUGIN"),
     (["check", "{no_backend}", "--device", "cpu"], "registers no backend"),
     (["check", "{no_backend}", "--timeout", "-1"], "--timeout"),
