@@ -15,12 +15,19 @@ workers, runner.CellExecutor (the pytest plugin's one worker), and the Ray execu
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .records import CellRecord, Status
 
-if TYPE_CHECKING:
-    from .runner import Task
+
+class Planned(Protocol):
+    """What the guard reads of a planned cell (runner.Task): the guard sits below the runner that uses it."""
+
+    operator: str
+    backend: str
+    skip: str | None
+
+    def failed(self, status: str, message: str) -> CellRecord: ...
 
 DEFAULT_MAX_HANGS = 2
 NOT_RUN = "not run: the backend hung"
@@ -55,7 +62,7 @@ class HangGuard:
         if hung and self.max_hangs and self._in_a_row[key] >= self.max_hangs:
             self.given_up.add(key)
 
-    def stand_in(self, task: Task) -> CellRecord | None:
+    def stand_in(self, task: Planned) -> CellRecord | None:
         """The TIMEOUT cell reported for ``task`` without running it, when its backend has been given up on;
         None: run it (a planned SKIP is never stood in for)."""
         if task.skip or (task.operator, task.backend) not in self.given_up:
