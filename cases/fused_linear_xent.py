@@ -36,8 +36,8 @@ from harness import (
     SplitAxis,
     register_operator,
 )
-from harness.inputs import place, randn
-from harness.twins import twin, with_twins
+from harness.model.inputs import place, randn
+from harness.model.twins import twin, with_twins
 
 
 def make_inputs(case: Case, dtype: torch.dtype, gen: torch.Generator, device: str) -> Inputs:
@@ -192,7 +192,7 @@ def sweep(device: str) -> list[Case]:
         cases.append(C("N63-H47-V123-odd", 63, 47, 123, ("odd-sizes",), ignored=0.2))
         cases.append(C("N16-H16-V1025-zloss-lse", 16, 16, 1025, ("V>1024", "z-loss", "lse"), ignored=0.2,
                        z_loss=1e-2, return_lse=True))
-        # layout twins (harness/twins.py): bias absent, and every output with its gradient (reduction none)
+        # layout twins (harness/model/twins.py): bias absent, and every output with its gradient (reduction none)
         return with_twins(cases + _edge_cases(32, 24, 129), only=("N32-H24-V129-nobias", "N32-H24-V129-lse-all"))
     grid = [(1, 4096, 128256), (7, 100, 1025), (128, 256, 32000), (128, 4096, 128256), (1000, 2048, 32000),
             (1000, 4096, 1000), (1000, 256, 128256), (4096, 256, 32000), (4096, 2048, 1025), (8192, 16, 1025),

@@ -8,7 +8,7 @@ from __future__ import annotations
 from harness.cases.fused_linear_xent import C
 
 from harness import Expectation, Mutant, register_mutant
-from harness.twins import twin
+from harness.model.twins import twin
 
 SEED = "fused-xent-microbatch-debug.md"
 
@@ -52,7 +52,7 @@ register_mutant(Mutant(
     description="g_lse path omitted: z-loss and the LSE output's gradient never reach dZ"))
 
 # Issue 26: no preset gave hidden an innermost stride other than 1 (its only other layout is padded rows), so a
-# kernel that assumed one passed every cell. The layout twins (harness/twins.py) give it stride 2 and catch it;
+# kernel that assumed one passed every cell. The layout twins (harness/model/twins.py) give it stride 2 and catch it;
 # the base case passes, as the last expectation shows.
 BASE = C("zoo-N32-H24-V129", 32, 24, 129, ignored=0.2)
 register_mutant(Mutant(

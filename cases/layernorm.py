@@ -1,7 +1,7 @@
 """``layernorm``: inputs, components, invariants, presets, strategy and bench cases (docs/specs/layernorm.md).
 
 Case params: ``rows``, ``features``; ``scale`` and ``offset`` of x (x = offset + scale * N(0, 1)); ``layout``
-of x (harness/inputs.py layouts), ``grad_layout`` of the upstream gradient; ``eps`` (default 1e-5); ``dtypes``
+of x (harness/model/inputs.py layouts), ``grad_layout`` of the upstream gradient; ``eps`` (default 1e-5); ``dtypes``
 restricts a case to those dtypes (the 64-bit-offset case is bf16 only).
 
 The Triton backend's blocks (backends/triton/layernorm/wrapper.py): BLOCK_F features x BLOCK_R rows, 32 x 8
@@ -16,8 +16,8 @@ from harness.references.layernorm import layernorm
 from hypothesis import strategies as st
 
 from harness import Case, Inputs, OperatorSpec, PerfTarget, Separable, SplitAxis, register_operator
-from harness.inputs import place, randn
-from harness.twins import twin, with_twins
+from harness.model.inputs import place, randn
+from harness.model.twins import twin, with_twins
 
 EPS = 1e-5
 

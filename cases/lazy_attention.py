@@ -16,8 +16,8 @@ from harness.references.lazy_attention import lazy_attention, lazy_attention_par
 from hypothesis import strategies as st
 
 from harness import Axis, Case, Component, Inputs, OperatorSpec, PerfTarget, Separable, SplitAxis, register_operator
-from harness.inputs import place, randn, uniform
-from harness.twins import twin, with_twins
+from harness.model.inputs import place, randn, uniform
+from harness.model.twins import twin, with_twins
 
 Tensor = torch.Tensor
 QKV_T = "perm:0,2,1,3"          # [B,H,L,Dh] views of a [B,L,H,Dh] buffer: head stride = Dh
@@ -72,7 +72,7 @@ COMPONENTS = (
 EPS_COMPUTE = {"ieee": 2.0 ** -23, "tf32": 2.0 ** -10}
 _CHUNK_ELEMS = 1 << 24          # L*L*heads per chunk: ~10 such float64 tensors live at once
 # Under TF32 matmuls the allowance of an element is capped at KINK_CAP_FLOORS floors (the largest error
-# the floor reference itself shows on that component, its worst of 8 draws: harness/oracle.py) plus
+# the floor reference itself shows on that component, its worst of 8 draws: harness/measure/oracle.py) plus
 # what flipping ONE marked element can change there (_single_flip). The verdict's max bound on a marked
 # element is then (K_MAX + KINK_CAP_FLOORS) floors + one flip + 2u, whatever the number of marked
 # elements; never more than the uncapped allowance.
@@ -272,7 +272,7 @@ def _sweep_gpu() -> list[Case]:
 
 
 def sweep(device: str) -> list[Case]:
-    # layout twins (harness/twins.py) of a few cases: H > 1 and B > 1, each tau regime
+    # layout twins (harness/model/twins.py) of a few cases: H > 1 and B > 1, each tau regime
     if device == "cpu":
         return with_twins(_sweep_cpu(), only=("L15-W16-H3-qkvT", "L16-W16-B3-mixed-qkvT", "L17-W7-pos"))
     return with_twins(_sweep_gpu(), only=("L17-W16-D64-B3-H4-qkvT", "L129-W7-D32-B2-H8-dOpad",

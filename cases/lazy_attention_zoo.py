@@ -10,8 +10,8 @@ from __future__ import annotations
 from harness.cases.lazy_attention import QKV_T, C
 
 from harness import Expectation, register_mutant
-from harness.spec import Mutant
-from harness.twins import twin
+from harness.model.spec import Mutant
+from harness.model.twins import twin
 
 # L = 33 spans three interpreter blocks of 16; W = 40 > L and > BLOCK
 CASE = C("zoo-B2-H3-L33-W40-qkvT-dOcontig", 2, 3, 33, 16, 40, ("zoo",), tau="neg", layout=QKV_T,
@@ -56,7 +56,7 @@ register_mutant(Mutant(
 ))
 
 # Issue 26: no preset gave q and k different innermost strides, so a kernel that addressed one with the other's
-# passed every cell. Caught only by the mixed layout twin (harness/twins.py: q, k, v, bias, tau, dO with innermost
+# passed every cell. Caught only by the mixed layout twin (harness/model/twins.py: q, k, v, bias, tau, dO with innermost
 # strides 2 ... 7); the stride twin (every innermost stride 2) and the base case pass, as the expectations show.
 STRIDE_TWIN, MIXED_TWIN = twin(CASE, "stride"), twin(CASE, "mixed")
 register_mutant(Mutant(

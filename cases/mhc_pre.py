@@ -7,8 +7,8 @@ from harness.references.mhc_pre import mhc_pre
 from hypothesis import strategies as st
 
 from harness import Axis, Case, Component, Inputs, OperatorSpec, PerfTarget, Separable, SplitAxis, register_operator
-from harness.inputs import place, randn, uniform
-from harness.twins import twin, with_twins
+from harness.model.inputs import place, randn, uniform
+from harness.model.twins import twin, with_twins
 
 OPTIONS = {"norm_eps": 1e-6, "hc_eps": 1e-6, "post_mult": 2.0}
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from harness.cases.mhc_pre import C
 
 from harness import Expectation, register_mutant
-from harness.spec import Mutant
+from harness.model.spec import Mutant
 
 # nD = 2 * 256 = 512: eight interpreter blocks of 64 and four GPU blocks of 128 (> 2 * BLOCK_ND either way),
 # three token blocks of 16; alpha ~ U(0.5, 1.5) (realistic init) so the GEMM term of dx is far above rounding

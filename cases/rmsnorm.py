@@ -2,7 +2,7 @@
 
 Case params: ``rows``, ``features``; ``residual`` (the fused residual-add variant: a residual input and a
 ``residual_out`` output); ``scale`` of x (and of the residual); ``layout`` of x and ``layout_residual``
-(harness/inputs.py layouts), ``grad_layout`` of the upstream gradients; ``eps`` (default 1e-6);
+(harness/model/inputs.py layouts), ``grad_layout`` of the upstream gradients; ``eps`` (default 1e-6);
 ``dtypes`` restricts a case to those dtypes (the 64-bit-offset case is bf16 only).
 
 The Triton backend's blocks (backends/triton/rmsnorm/wrapper.py): BLOCK_F features x BLOCK_R rows, 32 x 8
@@ -17,8 +17,8 @@ from harness.references.rmsnorm import rmsnorm
 from hypothesis import strategies as st
 
 from harness import Case, Inputs, OperatorSpec, PerfTarget, Separable, SplitAxis, register_operator
-from harness.inputs import place, randn
-from harness.twins import twin, with_twins
+from harness.model.inputs import place, randn
+from harness.model.twins import twin, with_twins
 
 EPS = 1e-6
 

@@ -16,7 +16,7 @@ from harness.references.rope import rope
 from hypothesis import strategies as st
 
 from harness import Case, Inputs, OperatorSpec, PerfTarget, Separable, SplitAxis, register_operator, tensor
-from harness.twins import twin, with_twins
+from harness.model.twins import twin, with_twins
 
 # the Triton backend's tiles per device (a test checks them against its adapter's declared blocks)
 BLOCKS = {"cpu": {"BLOCK_T": 4, "BLOCK_H": 2}, "cuda": {"BLOCK_T": 16, "BLOCK_H": 4}}

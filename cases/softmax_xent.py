@@ -25,8 +25,8 @@ from harness import (
     SplitAxis,
     register_operator,
 )
-from harness.inputs import place, randn
-from harness.twins import twin, with_twins
+from harness.model.inputs import place, randn
+from harness.model.twins import twin, with_twins
 
 CONFIDENT_MARGIN = 30.0
 EXTREME = 1e4
@@ -275,7 +275,7 @@ SMALL_V_EDGES = ("scale10", "confident", "extreme", "ign100-mean", "pad", "none"
 # (N=8192, V=128256 ran out of memory alone on a 140 GB H200), so the sweep stays under 2^28 logits
 # (~27 GB) and the N=8192, V=128256 shapes are in the full preset.
 SWEEP_MAX_NV = 2 ** 28
-# the sweep cases that also run as layout twins (harness/twins.py): each reduction, the microbatches, and
+# the sweep cases that also run as layout twins (harness/model/twins.py): each reduction, the microbatches, and
 # the longest rows (the gradient of the loss is a tensor only under reduction="none")
 TWINNED = ("N3-V32000", "N{N}-V1025-sum", "N{N}-V1025-ls-zloss-none", "N{N}-V1025-microbatch2")
 

@@ -17,7 +17,7 @@ from harness.references.gated_mlp import swiglu
 from hypothesis import strategies as st
 
 from harness import Case, Inputs, OperatorSpec, PerfTarget, Separable, SplitAxis, register_operator, tensor
-from harness.twins import twin, with_twins
+from harness.model.twins import twin, with_twins
 
 # the Triton backend's tiles per device (a test checks them against its adapter's declared blocks)
 BLOCKS = {"cpu": {"BLOCK_R": 4, "BLOCK_F": 32}, "cuda": {"BLOCK_R": 4, "BLOCK_F": 1024}}

@@ -14,12 +14,12 @@ from pathlib import Path as _Path
 
 # public name -> the module that defines it
 _API = {
-    **dict.fromkeys(("ContractException", "Gap"), "declarations"),
-    **dict.fromkeys(("generator", "layouts", "place", "randn", "tensor", "uniform"), "inputs"),
-    **dict.fromkeys(("Backend", "register_backend", "register_mutant", "register_operator"), "registry"),
-    **dict.fromkeys(("twin", "with_twins"), "twins"),
+    **dict.fromkeys(("ContractException", "Gap"), "model.declarations"),
+    **dict.fromkeys(("generator", "layouts", "place", "randn", "tensor", "uniform"), "model.inputs"),
+    **dict.fromkeys(("Backend", "register_backend", "register_mutant", "register_operator"), "model.registry"),
+    **dict.fromkeys(("twin", "with_twins"), "model.twins"),
     **dict.fromkeys(("Axis", "Case", "Component", "Expectation", "Inputs", "MicrobatchSpec", "Mutant",
-                     "OperatorSpec", "PerfTarget", "Separable", "SplitAxis", "named_cases"), "spec"),
+                     "OperatorSpec", "PerfTarget", "Separable", "SplitAxis", "named_cases"), "model.spec"),
 }
 __all__ = sorted(_API)
 

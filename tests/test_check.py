@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import Backend, check, registry
-from harness.runner import plan
+from harness import Backend
+from harness.front import check
+from harness.model import registry
+from harness.run.runner import plan
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECK = ("import sys, argparse; from harness import check; p = argparse.ArgumentParser(); check.add_arguments(p); "
+CHECK = ("import sys, argparse; from harness.front import check; p = argparse.ArgumentParser(); check.add_arguments(p); "
          "sys.exit(check.run(p.parse_args(sys.argv[1:])))")
 
 # a correct cross-entropy in torch, as the README adapter's my_kernels module
@@ -145,7 +147,8 @@ BROKEN = {
     # an operator of the plugin's own (softmax_xent under another name): its backends are checked too
     "own_operator": (XENT, """
         import dataclasses
-        from harness import register_operator, registry
+        from harness.model import registry
+        from harness import register_operator
 
         register_operator(dataclasses.replace(registry.get_operator("softmax_xent"), name="my_xent", aliases=(),
                                               perf_targets=()))

@@ -1,6 +1,6 @@
 """The memory-lean oracle (issue #26, part 3): a separable operator's oracle and floor evaluated chunk by
-chunk (harness/chunking.py, harness/oracle.py) and its components measured as the chunks come
-(harness/streaming.py) give the figures and verdicts of the whole evaluation.
+chunk (harness/measure/chunking.py, harness/measure/oracle.py) and its components measured as the chunks come
+(harness/measure/streaming.py) give the figures and verdicts of the whole evaluation.
 
 Tiny chunks are forced with HARNESS_ORACLE_CHUNK (slices per chunk). softmax_xent's reference is
 row-separable to the bit, so there every per-row figure must equal the whole one; the GEMM-based
@@ -19,12 +19,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from harness import cell, chunking, oracle, streaming
-from harness.chunking import PartialSums, _Tree
-from harness.records import ComponentFigures, SliceProfile
-from harness.registry import Backend, get_backend, get_operator
-from harness.spec import Case, Component, Inputs, OperatorSpec, Separable, SplitAxis
-from harness.verdict import verdict_of
+from harness.judge.verdict import verdict_of
+from harness.measure import cell, chunking, oracle, streaming
+from harness.measure.chunking import PartialSums, _Tree
+from harness.model.records import ComponentFigures, SliceProfile
+from harness.model.registry import Backend, get_backend, get_operator
+from harness.model.spec import Case, Component, Inputs, OperatorSpec, Separable, SplitAxis
 
 XENT, FUSED, MHC, LAZY = (get_operator(n) for n in ("softmax_xent", "fused_linear_xent", "mhc_pre",
                                                        "lazy_attention"))

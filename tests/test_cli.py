@@ -173,12 +173,11 @@ def test_illegal_memory_access_is_a_crash_cell_and_the_sweep_goes_on(tmp_path: P
 
 
 def test_out_of_memory_cells_are_recognised_for_a_lone_rerun():
-    # a cell that ran out of memory while workers shared a GPU is run again alone (harness/runner.py)
+    # a cell that ran out of memory while workers shared a GPU is run again alone (harness/run/runner.py)
     import torch
 
-    from harness.cell import safe_run_cell
-    from harness.registry import Backend, get_operator
-    from harness.runner import is_oom
+    from harness.measure.cell import is_oom, safe_run_cell
+    from harness.model.registry import Backend, get_operator
 
     def oom(**kw):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8 GiB")

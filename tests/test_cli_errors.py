@@ -15,7 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import check, cli, registry, report
+from harness.front import check, cli
+from harness.model import registry
+from harness.store import reports
 
 ROOT = Path(__file__).resolve().parent.parent
 RMSNORM = ROOT / "tests" / "examples" / "rmsnorm" / "adapter.py"
@@ -61,7 +63,8 @@ def test_a_run_without_report_writes_under_dot_harness_and_leaves_git_status_cle
 
 
 def test_the_default_report_folder_is_one_constant_used_by_the_parser_and_the_request():
-    from harness.session import DEFAULT_REPORT_ROOT, RunRequest
+    from harness.run.session import RunRequest
+    from harness.store.reports import DEFAULT_REPORT_ROOT
 
     assert DEFAULT_REPORT_ROOT == ".harness/reports"
     p = cli.parser()
@@ -91,7 +94,7 @@ def test_recorded_on_a_gpu_class_without_records_takes_another_gpu_class_s(tmp_p
 
     got = cli._recorded(str(tmp_path), "cuda", "h200", tasks)
 
-    h100 = report.recorded(tmp_path / "h100", ["mhc_pre"], ("duration_s", "peak_mem_mb"))
+    h100 = reports.recorded(tmp_path / "h100", ["mhc_pre"], ("duration_s", "peak_mem_mb"))
     assert got["durations"] and got["durations"] == h100["duration_s"]
     assert all(v >= 1000.0 for v in got["durations"].values())
     assert got["peaks"] and set(got["peaks"].values()) == {123.0}
@@ -300,7 +303,7 @@ def test_hypothesis_on_an_operator_without_a_strategy_is_a_usage_error_naming_it
 
 def test_check_waits_30_s_by_default_and_its_timeout_says_how_to_wait_longer():
     assert cli.parser().parse_args(["check", "my_adapter.py"]).timeout == 30.0
-    from harness.runner import plan
+    from harness.run.runner import plan
 
     registry.discover()
     task = plan(["softmax_xent"], "smoke", ["torch"], ["float32"], "cpu", repeats=1).tasks[0]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.judgement import judge_cell
-from harness.report import load
+from harness.judge.judgement import judge_cell
+from harness.store.reports import load
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from subprocess_env import inner_pytest_env
 
-from harness import registry
-from harness.compare import CompareError, Reference, compare, match_key, require
-from harness.records import CellRecord
+from harness.across.compare import CompareError, Reference, compare, match_key, require
+from harness.model import registry
+from harness.model.records import CellRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 MUTANT = "mutant:xent-lean-dhidden-half-accum"
@@ -91,8 +91,8 @@ def test_an_unreadable_reference_and_too_little_compared_are_usage_errors(tmp_pa
 
 @pytest.fixture(scope="module")
 def cell() -> CellRecord:
-    from harness.cell import run_cell
-    from harness.spec import Case
+    from harness.measure.cell import run_cell
+    from harness.model.spec import Case
 
     registry.discover()
     op = registry.get_operator("softmax_xent")

@@ -1,4 +1,4 @@
-"""Smoke covers sweep: every feature of a sweep cell (harness/features.py: layouts, sizes against the backend's
+"""Smoke covers sweep: every feature of a sweep cell (harness/tools/features.py: layouts, sizes against the backend's
 blocks, options) is a feature of some smoke cell of the same backend, for every registered operator and the
 example operator of tests/examples/rmsnorm (loaded as a plugin)."""
 
@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import Case, Inputs, OperatorSpec, place, randn, registry, tensor
-from harness.features import block_class, case_facts, layout_features, option_features
-from harness.inputs import generator
+from harness import Case, Inputs, OperatorSpec, place, randn, tensor
+from harness.model import registry
+from harness.model.inputs import generator
+from harness.tools.features import block_class, case_facts, layout_features, option_features
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "tests" / "examples" / "rmsnorm"
@@ -89,8 +90,8 @@ def test_a_cell_feature_set_comes_from_its_draw_and_the_backend_blocks():
 # (CUDA, TileLang) run the GPU presets, whose inputs are too large to draw here: they take no part.
 COVERAGE = """
 import json, sys
-from harness import registry
-from harness.features import preset_features, uncovered
+from harness.model import registry
+from harness.tools.features import preset_features, uncovered
 
 registry.load_plugin(sys.argv[1])
 out = {"uncovered": {}, "smoke": {}}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import cuda_build
+from harness.tools import cuda_build
 
 pytestmark = [pytest.mark.skipif(cuda_build.nvcc_path() is None, reason="nvcc is not installed here"),
               pytest.mark.xdist_group("compile-cuda")]  # one xdist worker: its builds once

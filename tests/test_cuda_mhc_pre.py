@@ -43,7 +43,7 @@ def test_a_long_row_is_split_over_a_cluster_and_passes_the_verdict(dtype) -> Non
     from harness.backends.triton.mhc_pre import wrapper as tw
     from harness.references.mhc_pre import mhc_pre
 
-    from harness.verdict import judge
+    from harness.measure.figures import judge
 
     x, phi, alpha, bias, gamma = _inputs(4, 4096, 37, dtype)
     opts = (1e-6, 1e-6, 2.0)

@@ -1,6 +1,6 @@
 """The raw CUDA softmax_xent backend against the float64 reference (GPU only).
 
-Judged by the harness's verdict rule (harness/verdict.py): the kernel's error against the float64
+Judged by the harness's verdict rule (harness/judge/verdict.py): the kernel's error against the float64
 oracle must stay within K times the error of the float32 reference rounded to the case dtype.
 Both gradient paths are covered: g == 1 (dlogits written by the forward, the backward returns at
 once) and g != 1 (recomputed by the backward from the saved row statistics; in place, scaled). Each
@@ -14,7 +14,7 @@ import pytest
 import torch
 from harness.references.softmax_xent import softmax_xent
 
-from harness.verdict import judge
+from harness.measure.figures import judge
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                   reason="needs a CUDA device (raw CUDA backend)")]

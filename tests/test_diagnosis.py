@@ -1,4 +1,4 @@
-"""Diagnoses you can trust (issue #24): each rule of harness/diagnose.py, judgement.py and causes.py on
+"""Diagnoses you can trust (issue #24): each rule of harness/judge/diagnose.py, judgement.py and causes.py on
 in-tree backends and small test backends, run as real cells on the CPU."""
 
 from __future__ import annotations
@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import Backend, Gap, registry
-from harness.cell import run_cell
-from harness.judgement import Rules, judge_cell
-from harness.records import CellRecord, ComponentFigures, Status
-from harness.spec import Case
+from harness import Backend, Gap
+from harness.judge.judgement import Rules, judge_cell
+from harness.measure.cell import run_cell
+from harness.model import registry
+from harness.model.records import CellRecord, ComponentFigures, Status
+from harness.model.spec import Case
 
 registry.discover()
 
@@ -92,7 +93,7 @@ def _tau_from_batch_0_only(q, k, v, bias, tau, *, scale=None):
 
 @pytest.mark.slow
 def test_a_reduction_bug_is_named_by_its_sweep_level_cause():
-    from harness.causes import causes
+    from harness.judge.causes import causes
 
     op = registry.get_operator("lazy_attention")
     b = Backend(operator="lazy_attention", name="tau-b0", impl=_tau_from_batch_0_only, devices=("cpu",))
@@ -167,7 +168,7 @@ def test_severity_separates_marginal_misses_from_gross_failures():
 
 def test_a_contract_exception_excuses_its_contract_only():
     from harness import ContractException
-    from harness.records import ContractResult
+    from harness.model.records import ContractResult
 
     cell = _cell(_figures("loss", 0.5))
     cell.contracts = [ContractResult("input-unchanged", False, "modified: logits")]

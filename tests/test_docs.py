@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import registry
+from harness.model import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -68,7 +68,7 @@ def _where(file: Path, path: str) -> Path:
         return file.parent / path
     if path.startswith("specs/"):
         # the operators' own modules cite their spec as specs/<x>.md, the folder under docs/: their bytes are
-        # part of the oracle's digest (harness/cell.py oracle_code), so a new path there would make every
+        # part of the oracle's digest (harness/measure/cell.py oracle_code), so a new path there would make every
         # committed cell incomparable under --compare
         return ROOT / "docs" / path
     return ROOT / path

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.oracle import drawn_inputs, gen_inputs
-from harness.registry import get_operator
-from harness.spec import Case
+from harness.measure.oracle import drawn_inputs, gen_inputs
+from harness.model.registry import get_operator
+from harness.model.spec import Case
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device")])]

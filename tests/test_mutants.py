@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import registry
-from harness.mutants import check_edits
+from harness.model import registry
+from harness.model.mutant_builds import check_edits
 
 ROOT = Path(__file__).resolve().parent.parent
 

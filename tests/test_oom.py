@@ -2,7 +2,9 @@
 
 import torch
 
-from harness import cell, registry, runner
+from harness.measure import cell
+from harness.model import registry
+from harness.run import runner
 
 
 def _cell(monkeypatch, where: str) -> dict:
@@ -39,8 +41,9 @@ def test_workers_are_told_whether_they_share_a_gpu():
 
 
 def test_recorded_durations_start_the_longest_groups_first(tmp_path):
-    from harness.cell import error_cell
-    from harness.report import ReportWriter, duration_key, recorded
+    from harness.measure.cell import error_cell
+    from harness.render.report import ReportWriter
+    from harness.store.reports import duration_key, recorded
 
     p = runner.plan(["mhc_pre", "softmax_xent"], "smoke", ["golden", "torch"], ["float32"], "cpu")
     groups = runner.order_groups(p.tasks, {})
@@ -69,7 +72,7 @@ def test_a_cell_out_of_memory_on_a_shared_gpu_is_requeued_once_then_run_alone():
 
 
 def test_workers_sharing_a_gpu_start_together_only_groups_that_fit_in_it():
-    from harness.report import duration_key
+    from harness.store.reports import duration_key
 
     p = runner.plan(["mhc_pre"], "smoke", ["golden"], ["float32"], "cpu")
     big, mid, small = ([t] for t in p.tasks[:3])
@@ -84,7 +87,7 @@ def test_workers_sharing_a_gpu_start_together_only_groups_that_fit_in_it():
     packer.release(0, 1_000)
     assert packer.take([big], 0) == (big, 60_000)  # a GPU with nothing running takes any group
     # out of memory in this run: what the cell held plus the allocation that failed
-    from harness.cell import error_cell
+    from harness.measure.cell import error_cell
 
     t = small[0]
     oom = error_cell(t.operator, t.backend, t.case, t.dtype, "cuda", 0, "ERROR",
@@ -111,7 +114,7 @@ def test_a_triton_launch_out_of_memory_counts_as_out_of_memory(monkeypatch):
 
 
 def test_groups_that_need_more_than_a_shared_gpu_leaves_run_alone_without_trying():
-    from harness.report import duration_key
+    from harness.store.reports import duration_key
 
     p = runner.plan(["mhc_pre"], "smoke", ["golden"], ["float32"], "cpu")
     huge, small = [p.tasks[0]], [p.tasks[1]]
@@ -123,7 +126,7 @@ def test_groups_that_need_more_than_a_shared_gpu_leaves_run_alone_without_trying
 
 
 def test_the_run_says_where_its_time_went():
-    from harness.cli import time_breakdown
+    from harness.front.cli import time_breakdown
 
     line = time_breakdown({"ready_s": 4.2, "cells_s": 148.6, "alone_cells": 18, "alone_s": 25.6, "render_s": 1.0})
     assert line == ("workers ready by 4.2 s; shared cells done at 148.6 s; 18 cell(s) rerun alone in 25.6 s; "
@@ -132,9 +135,9 @@ def test_the_run_says_where_its_time_went():
 
 
 def test_the_run_names_the_backends_that_took_longest():
-    from harness.cli import busiest_backends
-    from harness.records import CellRecord
-    from harness.spec import Case
+    from harness.front.cli import busiest_backends
+    from harness.model.records import CellRecord
+    from harness.model.spec import Case
 
     def cell(backend: str, duration: float | None) -> CellRecord:
         return CellRecord("op", backend, "float32", Case("c", {}), "cpu", duration_s=duration)

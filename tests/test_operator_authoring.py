@@ -17,10 +17,10 @@ import torch
 from subprocess_env import inner_pytest_env
 
 from harness import Axis, Backend, Case, Component, Inputs, OperatorSpec, layouts, named_cases, place, randn, tensor
-from harness.cell import run_cell
-from harness.inputs import generator
-from harness.judgement import Rules, judge_cell
-from harness.oracle import output_contract
+from harness.judge.judgement import Rules, judge_cell
+from harness.measure.cell import run_cell
+from harness.measure.oracle import output_contract
+from harness.model.inputs import generator
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "tests" / "examples" / "rmsnorm"

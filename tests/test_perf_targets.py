@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from harness import PerfTarget
-from harness.bench import check_targets, render_bench
-from harness.status import write_status
+from harness.tools.bench import check_targets, render_bench
+from harness.tools.status import write_status
 
 ROWS = [
     {"backend": "torch", "role": "kernel", "case": "big", "dtype": "bfloat16", "fwd_ms": 10.0, "fwd_bwd_ms": 40.0,
@@ -103,7 +103,7 @@ def test_targets_of_a_backend_the_run_left_out_say_not_benched_not_no_figure():
     """`harness bench --kernel softmax_xent --backend torch,cuda` on an H200 (issue #41): the table showed cuda's
     figures (1.80 ms, 2.57x torch) and two targets said "no figure": cuda-inplace's, which that run did not
     bench. Rows as the committed bench JSON holds them, without cuda-inplace's."""
-    from harness import registry
+    from harness.model import registry
 
     op = registry.get_operator("softmax_xent")
     rows = _committed_xent()["rows"]
@@ -135,7 +135,7 @@ def test_targets_of_a_backend_the_run_left_out_say_not_benched_not_no_figure():
 
 
 def test_status_says_not_benched_for_a_target_whose_backend_the_committed_bench_left_out(tmp_path: Path):
-    from harness import registry
+    from harness.model import registry
 
     op = registry.get_operator("softmax_xent")
     payload = _committed_xent()

@@ -92,7 +92,7 @@ def test_an_operator_name_taken_is_an_error(tmp_path: Path):
     plugin = tmp_path / "clash_op.py"
     plugin.write_text(
         "from harness import OperatorSpec, register_operator\n"
-        "from harness.registry import get_operator\n"
+        "from harness.model.registry import get_operator\n"
         "import dataclasses\n"
         "def make_inputs(case, dtype, gen, device):\n"
         "    raise NotImplementedError\n"

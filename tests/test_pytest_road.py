@@ -149,7 +149,7 @@ def test_in_this_repository_a_harness_option_runs_only_conformance_items():
     r = pytest_in(ROOT, "--kernel", "mhc", "--backend", "golden", "--harness-device", "cpu", "--collect-only")
     assert r.returncode == 0, r.stdout + r.stderr
     ids = [x for x in r.stdout.splitlines() if "::" in x]
-    from harness import registry
+    from harness.model import registry
 
     smoke = registry.get_operator("mhc_pre").cases("smoke", "cpu")  # each in float32 and float16
     assert len(ids) == 2 * len(smoke) and all(x.startswith("harness::") for x in ids), ids

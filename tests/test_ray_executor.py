@@ -1,4 +1,4 @@
-"""`harness run --executor ray` (harness/ray_executor.py) on a two-node Ray cluster on this machine.
+"""`harness run --executor ray` (harness/run/ray_executor.py) on a two-node Ray cluster on this machine.
 
 The cluster is this module's (ray.cluster_utils: a head and a second node of one CPU each), or the one
 HARNESS_RAY_TEST_ADDRESS names (.ci/ray-cluster starts one with `ray start`). The runs go through the
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import runner
-from harness.ray_executor import gpu_fraction, runtime_env
-from harness.spec import Case
+from harness.model.spec import Case
+from harness.run import runner
+from harness.run.ray_executor import gpu_fraction, runtime_env
 
 # one xdist worker runs them all (pytest --dist loadgroup): one cluster, not one per worker
 pytestmark = pytest.mark.xdist_group("ray")
@@ -57,7 +57,7 @@ def _wait(p: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
 def test_a_session_whose_cells_run_elsewhere_plans_the_cluster_gpu_from_a_machine_without_one(tmp_path: Path):
     """A driver without a GPU (a cluster's head) plans a GPU sweep: the device and its class are the
     cluster's (RunRequest.elsewhere), and no backend is skipped for this machine's lack of a GPU."""
-    from harness.session import RunRequest, RunSession
+    from harness.run.session import RunRequest, RunSession
 
     there = {"device": "NVIDIA H100 80GB HBM3", "device_class": "h100", "versions": {"torch": "2.11.0"}}
     s = RunSession(RunRequest(["softmax_xent"], "smoke", device="cuda", report=str(tmp_path), elsewhere=there))
@@ -84,7 +84,7 @@ def test_a_worker_skips_a_backend_that_cannot_run_on_its_machine():
 
 
 def test_without_ray_the_executor_is_a_usage_error_naming_the_extra(tmp_path: Path):
-    code = ("import sys; sys.modules['ray'] = None; from harness.cli import main; "
+    code = ("import sys; sys.modules['ray'] = None; from harness.front.cli import main; "
             f"sys.exit(main(['run', '--kernel', 'mhc', '--case', 'tiny', '--device', 'cpu', '--report', "
             f"{str(tmp_path)!r}, '--executor', 'ray']))")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -94,8 +94,8 @@ def test_without_ray_the_executor_is_a_usage_error_naming_the_extra(tmp_path: Pa
 
 
 def test_nothing_imports_ray_unless_asked():
-    code = ("import sys, harness.cli, harness.session, harness.runner, harness.pytest_plugin; "
-            "harness.cli.parser().parse_args(['run', '--kernel', 'mhc']); "
+    code = ("import sys, harness.front.cli, harness.run.session, harness.run.runner, harness.front.pytest_plugin; "
+            "harness.front.cli.parser().parse_args(['run', '--kernel', 'mhc']); "
             "assert 'ray' not in sys.modules, 'ray imported'")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

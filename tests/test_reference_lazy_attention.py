@@ -136,7 +136,7 @@ def _grads_with_mask(q, k, v, bias, tau, g, flip: torch.Tensor) -> dict[str, tor
 def test_kink_bound_covers_mask_flips(tau_kind: str) -> None:
     from harness.cases.lazy_attention import C, kink_bound, make_inputs
 
-    from harness.inputs import generator
+    from harness.model.inputs import generator
 
     case = C("kink", 2, 3, 40, 16, 7, tau=tau_kind)
     t = make_inputs(case, torch.float32, generator("kink-test", tau_kind), "cpu").tensors

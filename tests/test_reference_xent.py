@@ -160,8 +160,8 @@ def test_microbatch_gradients_sum_to_full_batch() -> None:
 
 def _cell(op_name: str, case_name: str, dtype: torch.dtype):
     """Inputs of a CPU sweep case, an upstream gradient, and the float32 floor gradients in ``dtype``."""
-    from harness.inputs import generator
-    from harness.registry import get_operator
+    from harness.model.inputs import generator
+    from harness.model.registry import get_operator
     op = get_operator(op_name)
     case = next(c for c in op.cases("sweep", "cpu") if c.name == case_name)
     inp = op.make_inputs(case, dtype, generator(op_name, case.name, 0), "cpu")
@@ -213,8 +213,8 @@ def test_fused_linear_xent_invariants(dtype: torch.dtype) -> None:
                                                ("fused_linear_xent", "N32-H24-V129-mb2"),
                                                ("fused_linear_xent", "N32-H24-V129-mb3-zloss-lse")])
 def test_microbatch_split_is_unequal_and_sums_to_the_full_batch(op_name: str, case_name: str) -> None:
-    from harness.inputs import generator
-    from harness.registry import get_operator
+    from harness.model.inputs import generator
+    from harness.model.registry import get_operator
     op = get_operator(op_name)
     case = next(c for c in op.cases("sweep", "cpu") if c.name == case_name)
     inp = op.make_inputs(case, torch.float32, generator(op_name, case.name, 0), "cpu")

@@ -110,7 +110,7 @@ class _Instant:
         self.durations, self.peaks, self.stats = {}, {}, {}
 
     def run(self, tasks, on_cell) -> None:
-        from harness.cell import error_cell
+        from harness.measure.cell import error_cell
 
         for t in tasks:
             on_cell(error_cell(t.operator, t.backend, t.case, t.dtype, t.device, t.seed, "PASS", ""))
@@ -120,7 +120,7 @@ class _Instant:
 
 
 def _session(report: Path):
-    from harness.session import RunRequest, RunSession
+    from harness.run.session import RunRequest, RunSession
 
     return RunSession(RunRequest(["mhc_pre"], "smoke", ["golden"], ["float32"], "cpu", report=str(report),
                                  command="harness run (test)"))
@@ -129,8 +129,8 @@ def _session(report: Path):
 def test_the_report_is_redrawn_while_the_run_goes_on_at_most_every_interval(tmp_path: Path, monkeypatch):
     import types
 
-    from harness import session
-    from harness.cell import error_cell
+    from harness.measure.cell import error_cell
+    from harness.run import session
 
     clock = types.SimpleNamespace(now=1000.0)
     monkeypatch.setattr(session, "time", types.SimpleNamespace(monotonic=lambda: clock.now, time=time.time),
@@ -228,7 +228,7 @@ class _FullDisk:
         import builtins
         import types
 
-        from harness import report
+        from harness.store import reports as report
 
         self.fill, self.full, self.failed = fill, False, 0
         real_open, real_os = builtins.open, report.os
@@ -283,8 +283,9 @@ def _third_cell(name: str, data) -> bool:
 
 
 def test_a_full_disk_during_a_run_is_one_clear_error_and_keeps_what_was_written(tmp_path, monkeypatch, capsys):
-    from harness import cli, session
-    from harness.report import load
+    from harness.front import cli
+    from harness.run import session
+    from harness.store.reports import load
 
     monkeypatch.chdir(tmp_path)  # anything written beside the report (a trace of an unexpected error) stays here
     monkeypatch.setattr(session, "LocalPool", _Instant)
@@ -318,7 +319,7 @@ def test_a_full_disk_during_a_run_is_one_clear_error_and_keeps_what_was_written(
 
 
 def test_atomic_write_on_a_full_disk_keeps_the_old_file_and_leaves_no_temporary_file(tmp_path, monkeypatch):
-    from harness.report import atomic_write
+    from harness.store.reports import atomic_write
 
     target = tmp_path / "mhc_pre.md"
     atomic_write(target, "old report\n")
@@ -331,8 +332,9 @@ def test_atomic_write_on_a_full_disk_keeps_the_old_file_and_leaves_no_temporary_
 
 
 def test_a_jsonl_with_a_truncated_last_line_loads_every_earlier_cell_and_renders(tmp_path, caplog):
-    from harness.cell import error_cell
-    from harness.report import ReportWriter, load, planned_key, render
+    from harness.measure.cell import error_cell
+    from harness.render.report import ReportWriter, render
+    from harness.store.reports import load, planned_key
 
     s = _session(tmp_path)
     tasks = s.plan.tasks
@@ -403,7 +405,7 @@ def test_a_run_names_the_commit_of_its_plugin_repository(tmp_path: Path):
 
 
 def test_a_plugin_commit_is_dirty_with_uncommitted_changes_and_unknown_outside_git(tmp_path: Path, monkeypatch):
-    from harness.provenance import plugin_provenance
+    from harness.store.provenance import plugin_provenance
 
     repo = tmp_path / "adapter-repo"
     repo.mkdir()

@@ -62,11 +62,13 @@ def test_failing_cell_carries_its_input_digest_and_the_bundle_does_not_regenerat
 ):
     import torch
 
-    from harness import oracle, registry
-    from harness.cell import _with_input_digest
-    from harness.records import CellRecord, Status
-    from harness.repro import MAX_SAVED_BYTES, _digest, save_bundle
-    from harness.spec import Case
+    from harness.across.repro import MAX_SAVED_BYTES, save_bundle
+    from harness.measure import oracle
+    from harness.measure.cell import _with_input_digest
+    from harness.measure.digests import tensors_digest as _digest
+    from harness.model import registry
+    from harness.model.records import CellRecord, Status
+    from harness.model.spec import Case
 
     registry.discover()
     op = registry.get_operator("mhc_pre")

@@ -85,9 +85,10 @@ def test_harness_run_calls_every_cell_with_a_transposed_gradient_shape_microbatc
 
 
 def test_a_cell_run_in_process_is_shape_and_its_other_results_still_judged():
-    from harness import Backend, registry
-    from harness.cell import run_cell
-    from harness.spec import Case
+    from harness import Backend
+    from harness.measure.cell import run_cell
+    from harness.model import registry
+    from harness.model.spec import Case
 
     plugin: dict = {}  # the plugin's forward and backward, not registered in this process
     exec(textwrap.dedent(TRANSPOSED_XENT), plugin)

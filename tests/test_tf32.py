@@ -1,4 +1,4 @@
-"""The TF32 floor (harness/tf32.py, harness/oracle.py) and the capped kink allowance under TF32.
+"""The TF32 floor (harness/measure/tf32.py, harness/measure/oracle.py) and the capped kink allowance under TF32.
 
 - round_tf32: known bit patterns, ties to even, truncation, NaN/Inf/-0/subnormals kept or reduced as
   IEEE says, idempotent, independent of strides;
@@ -28,10 +28,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import harness.oracle as O
-from harness.registry import get_operator
-from harness.tf32 import TF32Matmuls, round_tf32
-from harness.verdict import judge
+import harness.measure.oracle as O
+from harness.measure.figures import judge
+from harness.measure.tf32 import TF32Matmuls, round_tf32
+from harness.model.registry import get_operator
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -340,7 +340,7 @@ def test_kink_cap_covers_every_single_flip() -> None:
     import harness.cases.lazy_attention as la
     from harness.references.lazy_attention import lazy_attention_parts
 
-    from harness.inputs import generator
+    from harness.model.inputs import generator
 
     grads_with_mask = _grads_with_mask()
     case = la.C("kink", 2, 3, 40, 16, 7, tau="mixed")
@@ -374,7 +374,7 @@ def test_kink_cap_covers_every_single_flip() -> None:
 def test_kink_cap_is_tf32_only() -> None:
     import harness.cases.lazy_attention as la
 
-    from harness.inputs import generator
+    from harness.model.inputs import generator
 
     case = la.C("kink", 1, 2, 64, 16, 7, tau="neg")
     t = {n: x.double() for n, x in la.make_inputs(case, torch.float32, generator("kink-ieee"), "cpu").tensors.items()}
@@ -389,8 +389,8 @@ def test_kink_cap_is_tf32_only() -> None:
 
 PLUGIN_CHECK = textwrap.dedent("""
     import importlib.util, json, torch
-    import harness.oracle as O
-    from harness.registry import get_backend, get_operator
+    import harness.measure.oracle as O
+    from harness.model.registry import get_backend, get_operator
     spec = importlib.util.spec_from_file_location("tf32_linear_xent", "tests/plugins/tf32_linear_xent.py")
     m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
     row = {"backends": {}}
@@ -445,8 +445,8 @@ def test_a_tf32_kernel_passes_declared_tf32_and_fails_declared_ieee_on_the_gpu(t
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device: the interpreter's tl.dot is float32 whatever the precision")
-    from harness.judgement import judge_cell
-    from harness.report import load
+    from harness.judge.judgement import judge_cell
+    from harness.store.reports import load
 
     proc = subprocess.run(
         [sys.executable, "-m", "harness", "run", "--kernel", "fused_linear_xent", "--sizes", "smoke", "--backend",

@@ -1,6 +1,6 @@
 """The TileLang mhc_pre backend against the float64 oracle (GPU only).
 
-Each case is one harness cell (harness.cell.run_cell): the backend's error on every component must
+Each case is one harness cell (harness.measure.cell.run_cell): the backend's error on every component must
 stay within K times the error of the float32 floor reference (the harness's pinned verdict), inputs
 must stay unchanged and two runs must agree bitwise (the backend declares itself deterministic).
 """
@@ -42,12 +42,12 @@ CASES = [
 
 @pytest.mark.parametrize("name,params,dtype", CASES, ids=[c[0] + "-" + c[2] for c in CASES])
 def test_tilelang_mhc_pre_matches_oracle(name: str, params: dict, dtype: str) -> None:
-    from harness.cell import run_cell
-    from harness.registry import get_backend, get_operator
-    from harness.spec import Case
+    from harness.measure.cell import run_cell
+    from harness.model.registry import get_backend, get_operator
+    from harness.model.spec import Case
 
     cell = run_cell(get_operator("mhc_pre"), get_backend("mhc_pre", "tilelang"), Case(name, params), dtype, "cuda")
-    from harness.judgement import judge_cell
+    from harness.judge.judgement import judge_cell
 
     j = judge_cell(cell)
     bad = [f"{c.name}: {c.verdict.verdict} {c.reason} (max err {c.figures.max_err:.3g}, "

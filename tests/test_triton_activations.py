@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = textwrap.dedent("""
     import json, warnings, torch
     import torch.nn.functional as F
-    from harness import registry
+    from harness.model import registry
     from harness.backends.triton.gated_mlp import wrapper as W
     from harness.cases.swiglu import BLOCKS
-    from harness.inputs import place
+    from harness.model.inputs import place
     warnings.simplefilter("ignore")  # numpy's overflow warnings of exp(+-1e4) under the interpreter
 
     REF = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda g: F.gelu(g, approximate="tanh")}
@@ -146,8 +146,8 @@ def test_rope_declared_blocks_are_the_launched_tiles_and_the_cases_tiles(results
 def test_the_gpu_blocks_declared_outside_the_interpreter_are_the_cases_tiles() -> None:
     from harness.cases import rope, swiglu
 
-    from harness import registry
-    from harness.registry import interpreted
+    from harness.model import registry
+    from harness.model.registry import interpreted
 
     if interpreted():
         pytest.skip("the adapters declare the interpreter's blocks under TRITON_INTERPRET=1")

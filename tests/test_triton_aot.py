@@ -1,7 +1,7 @@
 """Every Triton kernel of every backend compiles ahead of time for sm_90, with no GPU present,
 and fits its shared memory (a launch would fail with OutOfResources otherwise).
 
-Targets come from ``backends/<impl>/<operator>/aot.py`` (see harness/triton_aot.py). A kernel that
+Targets come from ``backends/<impl>/<operator>/aot.py`` (see harness/tools/triton_aot.py). A kernel that
 the GPU compiler rejects (dot shapes, layouts, shared memory, ptxas) fails here in CI. Compiling
 needs real @triton.jit functions, so under TRITON_INTERPRET=1 the targets are compiled in one
 subprocess with the variable unset.
@@ -19,8 +19,8 @@ import pytest
 
 pytest.importorskip("triton")
 
-from harness.registry import interpreted  # noqa: E402
-from harness.triton_aot import compile_target, discover_targets, resource_problem  # noqa: E402
+from harness.model.registry import interpreted  # noqa: E402
+from harness.tools.triton_aot import compile_target, discover_targets, resource_problem  # noqa: E402
 
 # one xdist worker runs this module (pytest --dist loadgroup): its compiles and fixtures once
 pytestmark = pytest.mark.xdist_group("compile-triton-aot")
@@ -35,7 +35,7 @@ def interpreted_results() -> dict[str, str | None]:
     """id -> error (None when it compiled), from a subprocess without TRITON_INTERPRET."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.run([sys.executable, "-m", "harness.triton_aot"], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "harness.tools.triton_aot"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1800)
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return {r["id"].split(".", 1)[1]: r["error"] for r in rows}
@@ -61,7 +61,7 @@ def test_compiles_for_sm90(idx: int, request: pytest.FixtureRequest) -> None:
 
 FINGERPRINT_SCRIPT = """
 import importlib.util, json, sys
-from harness.triton_aot import code_fingerprint, compile_target
+from harness.tools.triton_aot import code_fingerprint, compile_target
 out = {}
 for name, path in json.loads(sys.argv[1]).items():
     spec = importlib.util.spec_from_file_location(name, path)
@@ -111,7 +111,7 @@ def test_code_fingerprint_ignores_moved_lines_not_changed_code(tmp_path: Path) -
 def test_compare_exits_1_where_code_differs(tmp_path: Path) -> None:
     target = "lazy_attention:reduce"
     prints = tmp_path / "fp.json"
-    run = [sys.executable, "-m", "harness.triton_aot", target]
+    run = [sys.executable, "-m", "harness.tools.triton_aot", target]
     first = subprocess.run(run + ["--fingerprints", str(prints)], cwd=ROOT, env=_no_interpret_env(),
                            capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]

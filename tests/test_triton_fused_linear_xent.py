@@ -261,7 +261,7 @@ def test_bad_options_name_the_argument(kwargs, match):
 def test_adapter_blocks_match_gpu_config():
     from harness.backends.triton.fused_linear_xent import adapter, wrapper
 
-    from harness.registry import interpreted
+    from harness.model.registry import interpreted
 
     if interpreted():
         pytest.skip("this process runs the interpreter configuration")

@@ -35,9 +35,9 @@ CASES = [
 
 SCRIPT = textwrap.dedent("""
     import json, sys, torch
-    from harness import registry
-    from harness.inputs import place
-    from harness.verdict import judge
+    from harness.model import registry
+    from harness.model.inputs import place
+    from harness.measure.figures import judge
     from harness.references.mhc_pre import mhc_pre
     from harness.backends.triton.mhc_pre import wrapper
     from harness.backends.triton.mhc_pre.wrapper import mhc_pre_triton
@@ -155,8 +155,8 @@ def test_declared_blocks_are_the_blocks_used(results: dict) -> None:
     assert cpu["declared"] == cpu["used"], cpu
     from harness.backends.triton.mhc_pre.wrapper import GPU_CONFIG
 
-    from harness import registry
-    from harness.registry import interpreted
+    from harness.model import registry
+    from harness.model.registry import interpreted
 
     if not interpreted():
         registry.discover()

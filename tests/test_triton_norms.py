@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPT = textwrap.dedent("""
     import json, warnings, torch
-    from harness import registry
+    from harness.model import registry
     from harness.backends.triton.rmsnorm import wrapper as W
-    from harness.inputs import place
+    from harness.model.inputs import place
     from harness.references.rmsnorm import rmsnorm as ref
     warnings.simplefilter("ignore")
 

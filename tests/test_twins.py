@@ -1,4 +1,4 @@
-"""Layout twins (harness/twins.py): the base case's values in other strides, derived for any operator, and the
+"""Layout twins (harness/model/twins.py): the base case's values in other strides, derived for any operator, and the
 bugs only they expose: an innermost stride taken as 1, one tensor addressed with another's strides."""
 
 from __future__ import annotations
@@ -6,11 +6,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import Backend, Case, Inputs, OperatorSpec, registry, tensor
-from harness.cell import run_cell
-from harness.judgement import Rules, judge_cell
-from harness.oracle import clear_cache, gen_grad_outputs, gen_inputs, oracle_and_floor, output_contract, reference_run
-from harness.twins import base_case, layouts, twin, with_twins
+from harness import Backend, Case, Inputs, OperatorSpec, tensor
+from harness.judge.judgement import Rules, judge_cell
+from harness.measure.cell import run_cell
+from harness.measure.oracle import (
+    clear_cache,
+    gen_grad_outputs,
+    gen_inputs,
+    oracle_and_floor,
+    output_contract,
+    reference_run,
+)
+from harness.model import registry
+from harness.model.twins import base_case, layouts, twin, with_twins
 
 
 def draw(op: OperatorSpec, case: Case) -> tuple[Inputs, dict[str, torch.Tensor]]:

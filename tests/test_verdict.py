@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import localize
-from harness.diagnose import bad_slices
-from harness.oracle import floor_samples, oracle_and_floor
-from harness.registry import get_operator
-from harness.spec import Case
-from harness.verdict import check_shape, judge, verdict_of
+from harness.judge.diagnose import bad_slices, ranges
+from harness.judge.verdict import verdict_of
+from harness.measure import localize
+from harness.measure.figures import check_shape, judge
+from harness.measure.oracle import floor_samples, oracle_and_floor
+from harness.model.registry import get_operator
+from harness.model.spec import Case
 
 OP = get_operator("mhc_pre")
 CASE = Case("verdict-n4", {"B": 1, "S": 64, "n": 4, "D": 80}, ())
@@ -30,7 +31,7 @@ def _judge(name: str, k: torch.Tensor, ref: dict, dtype: torch.dtype):
 
 def _floor_value(ref: dict, name: str) -> torch.Tensor:
     comp = OP.component(name)
-    from harness.oracle import reference_run
+    from harness.measure.oracle import reference_run
 
     _, grads, _ = reference_run(OP, ref["inputs"], ref["grad_outputs"], torch.float32)
     return grads[comp.tensor_name]
@@ -128,9 +129,9 @@ def test_diffuse_drift_fails_on_rms():
 
 
 def test_ranges_text():
-    assert localize.ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+    assert ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
     # scattered indices: the first runs, then a count instead of a screenful
-    text = localize.ranges(list(range(0, 400, 2)))
+    text = ranges(list(range(0, 400, 2)))
     assert text.startswith("0, 2, 4") and text.endswith("... (200 in 200 runs)") and len(text) < 80
     assert localize.matches("all-but-first", [1, 2, 3], 4)
     assert not localize.matches("all-but-first", [0, 1, 2, 3], 4)
@@ -138,7 +139,7 @@ def test_ranges_text():
 
 def _failing(slices, floor_rms=1e-7):
     """A component whose first slice is 10x its bound and the rest at the floor."""
-    from harness.records import ComponentFigures
+    from harness.model.records import ComponentFigures
 
     f = ComponentFigures("dlogits", dtype="float32", numel=4096, max_excess=1e-5, rms_excess=1e-6,
                          floor_max=3e-7, floor_rms=floor_rms, oracle_max=1.0, oracle_rms=0.5, cosine=0.95,
@@ -147,8 +148,8 @@ def _failing(slices, floor_rms=1e-7):
 
 
 def test_last_block_hint_needs_a_last_block_worth_the_name():
-    from harness.diagnose import hints_for
-    from harness.records import SliceProfile
+    from harness.judge.diagnose import hints_for
+    from harness.model.records import SliceProfile
 
     def prof(extent):
         return SliceProfile("vocab", 1024, extent, 2, err_max=[1e-5, 1e-7], err_rms=[2e-6, 1e-7],
@@ -162,9 +163,10 @@ def test_last_block_hint_needs_a_last_block_worth_the_name():
 
 
 def test_a_report_mixing_runs_names_them_and_tags_earlier_cells(tmp_path):
-    from harness.cell import error_cell
-    from harness.registry import get_operator
-    from harness.report import ReportWriter, load, render_markdown
+    from harness.measure.cell import error_cell
+    from harness.model.registry import get_operator
+    from harness.render.report import ReportWriter, render_markdown
+    from harness.store.reports import load
 
     op = get_operator("mhc_pre")
     a, b = op.cases("smoke", "cpu")[:2]
@@ -180,7 +182,7 @@ def test_a_report_mixing_runs_names_them_and_tags_earlier_cells(tmp_path):
     stale = next(line for line in md.splitlines() if "old failure" in line)
     assert "[run at commit" not in fresh and "[run at commit `aaa111`" in stale
     assert "boom" not in md  # the newer result of the same cell replaces it
-    from harness.report import cell_key, compact
+    from harness.store.reports import cell_key, compact
 
     def state():
         cells, runs = load(tmp_path / "cpu", "mhc_pre")
@@ -193,9 +195,10 @@ def test_a_report_mixing_runs_names_them_and_tags_earlier_cells(tmp_path):
 
 
 def test_a_case_that_left_the_preset_leaves_the_report(tmp_path):
-    from harness.cell import error_cell
-    from harness.registry import get_operator
-    from harness.report import ReportWriter, load, planned_key
+    from harness.measure.cell import error_cell
+    from harness.model.registry import get_operator
+    from harness.render.report import ReportWriter
+    from harness.store.reports import load, planned_key
 
     op = get_operator("mhc_pre")
     a, b = op.cases("smoke", "cpu")[:2]
@@ -219,9 +222,10 @@ def test_a_case_that_left_the_preset_leaves_the_report(tmp_path):
 
 
 def test_a_report_of_a_run_stopped_midway_lists_the_cells_without_a_result(tmp_path):
-    from harness.cell import error_cell
-    from harness.registry import get_operator
-    from harness.report import ReportWriter, load, planned_key, render_markdown
+    from harness.measure.cell import error_cell
+    from harness.model.registry import get_operator
+    from harness.render.report import ReportWriter, render_markdown
+    from harness.store.reports import load, planned_key
 
     op = get_operator("mhc_pre")
     a, b = op.cases("smoke", "cpu")[:2]
@@ -244,7 +248,7 @@ def test_heatmaps_are_drawn_once_per_data(tmp_path):
     import os
 
     pytest.importorskip("matplotlib")
-    from harness.report import heatmaps
+    from harness.render.report import heatmaps
 
     grid = {"values": [[0.0, 1.0], [2.0, 3.0]], "axes": ["head", "position"], "block": [1, 64]}
     cell = [_failing_cell("c1", grid)]
@@ -260,8 +264,8 @@ def test_heatmaps_are_drawn_once_per_data(tmp_path):
 
 
 def _failing_cell(name, grid):
-    from harness.judgement import Rules, judge_cell
-    from harness.records import CellRecord, ComponentFigures, Status
+    from harness.judge.judgement import Rules, judge_cell
+    from harness.model.records import CellRecord, ComponentFigures, Status
 
     f = ComponentFigures("dq", dtype="float32", numel=64, max_excess=1.0, rms_excess=1.0, floor_max=1e-7,
                          floor_rms=1e-7, oracle_max=1.0, oracle_rms=1.0, grid=grid)
@@ -270,7 +274,7 @@ def _failing_cell(name, grid):
 
 
 def test_a_declared_gap_in_the_older_form_names_an_input_class():
-    from harness.registry import Backend
+    from harness.model.registry import Backend
 
     b = Backend(operator="op", name="b", impl=lambda: None,
                 expected_gaps={"float16": "all fp16", "float32@confident+smoothing": "cancels"})
@@ -283,7 +287,7 @@ def test_a_declared_gap_in_the_older_form_names_an_input_class():
 
 def test_many_heatmaps_are_drawn_by_a_process_pool(tmp_path):
     pytest.importorskip("matplotlib")
-    from harness.report import _png_digest, heatmaps
+    from harness.render.report import _png_digest, heatmaps
 
     grid = {"values": [[0.0, 1.0], [2.0, 3.0]], "axes": ["head", "position"], "block": [1, 64]}
     cells = [_failing_cell(f"c{i}", grid) for i in range(10)]
@@ -292,7 +296,7 @@ def test_many_heatmaps_are_drawn_by_a_process_pool(tmp_path):
 
 
 def test_a_floor_summary_bounds_like_the_sample_it_replaces():
-    from harness.verdict import FloorSummary
+    from harness.judge.verdict import FloorSummary
 
     g = torch.Generator().manual_seed(3)
     o = torch.randn(64, generator=g, dtype=torch.float64)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import registry, runner
+from harness.model import registry
+from harness.run import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 LIFECYCLE = str(ROOT / "tests" / "plugins" / "lifecycle.py")
@@ -204,7 +205,7 @@ def test_a_backend_that_hangs_twice_in_a_row_is_given_up_on(tmp_path: Path):
 
 def test_the_pytest_plugins_worker_gives_up_on_a_backend_that_hangs_twice(tmp_path: Path, monkeypatch):
     """SingleWorker (one pytest item per cell) runs cells through CellExecutor, which asks the same guard."""
-    from harness.session import SingleWorker
+    from harness.run.session import SingleWorker
 
     pids = tmp_path / "pids"
     monkeypatch.setenv("LIFECYCLE_PIDS", str(pids))
@@ -263,7 +264,7 @@ def test_a_worker_killed_from_outside_mid_cell_is_a_crash_that_names_sigkill(tmp
 
 
 def test_the_hang_guard_counts_timeouts_in_a_row_per_backend():
-    from harness.hangs import HangGuard
+    from harness.run.hangs import HangGuard
 
     g = HangGuard(2)
     t = _task("hangs")

@@ -1,1 +1,1 @@
-"""Raw CUDA backends: .cu kernels compiled with nvcc (harness/cuda_build.py) and loaded with ctypes."""
+"""Raw CUDA backends: .cu kernels compiled with nvcc (harness/tools/cuda_build.py) and loaded with ctypes."""

@@ -1,4 +1,4 @@
-"""Fresh mutants for issue #24: bugs written to judge the hints (harness/localize.py ``diagnose``), not the zoo's.
+"""Fresh mutants for issue #24: bugs written to judge the hints (harness/measure/localize.py), not the zoo's.
 
 Load as a plugin:
 
@@ -20,7 +20,8 @@ table of the hints they got before the rule change.
 from __future__ import annotations
 
 from harness import Case, Expectation, Mutant, register_mutant
-from harness.registry import discover
+from harness.model import registry
+from harness.model.registry import discover
 
 discover()  # the in-tree operators first (their cases modules register them)
 
@@ -183,6 +184,6 @@ register_mutant(Mutant(
             Expectation(M_SAT, "float32", passing=MHC_REST + MHC_DBIAS + MHC_DALPHA)),
 ))
 
-_MINE = {m.id for m in __import__("harness.registry", fromlist=["mutants"]).mutants() if m.id.startswith("fresh-")}
+_MINE = {m.id for m in registry.mutants() if m.id.startswith("fresh-")}
 assert _MINE == set(TRUE_CAUSE), (_MINE, set(TRUE_CAUSE))
 assert all(c in CLASSES for c, _ in TRUE_CAUSE.values())

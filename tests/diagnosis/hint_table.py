@@ -11,7 +11,7 @@ and a suggested grade:
   wrong: some hint names a class that is not the true cause;
   none:  no failing component printed a hint.
 
-The hint -> class map (CLASS_OF) is written for the hint wording of harness/localize.py at the commit the
+The hint -> class map (CLASS_OF) is written for the hint wording of harness/measure/localize.py at the commit the
 table was made at (350e7a5); hints it does not know are listed as "?" and must be graded by hand.
 The grade is a suggestion for the table in fresh-mutants-before.md, which is checked by hand.
 """
@@ -100,7 +100,7 @@ def main(argv: list[str]) -> int:
         return 2
     report = Path(argv[0])
     sys.path.insert(0, str(HERE.parent.parent))
-    from harness import registry
+    from harness.model import registry
 
     registry.load_plugin(str(HERE / "fresh_mutants.py"))
     mod = next(m for n, m in sys.modules.items() if n.startswith("harness_plugin_fresh_mutants"))

@@ -1,6 +1,6 @@
 """The table of diagnoses the fresh mutants get from today's rules, from a report directory of their sweeps
 (tests/diagnosis/run_fresh.sh REPORT_DIR): per mutant its failing cells, the hint classes on its failing
-components (harness/diagnose.py) and the sweep-level causes (harness/causes.py), graded against
+components (harness/judge/diagnose.py) and the sweep-level causes (harness/judge/causes.py), graded against
 fresh_mutants.TRUE_CAUSE:
 
   right: the evidence the true cause calls for is there (EVIDENCE below: a hint class, or a sweep-level
@@ -41,10 +41,10 @@ def main(argv: list[str]) -> int:
         return 2
     report = Path(argv[0]) / "cpu"
     sys.path.insert(0, str(HERE.parent.parent))
-    from harness import registry
-    from harness.causes import causes
-    from harness.judgement import judge_cell
-    from harness.report import load
+    from harness.judge.causes import causes
+    from harness.judge.judgement import judge_cell
+    from harness.model import registry
+    from harness.store.reports import load
 
     registry.load_plugin(str(HERE / "fresh_mutants.py"))
     mod = next(m for n, m in sys.modules.items() if n.startswith("harness_plugin_fresh_mutants"))

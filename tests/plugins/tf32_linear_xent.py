@@ -10,7 +10,7 @@ so the only thing that differs from the floor reference is the GEMMs' input prec
 Both backends run the kernel with ``input_precision="tf32"``:
 
 - ``tf32-declared`` declares ``matmul_precision="tf32"``, so the harness judges it against a floor whose
-  matmul operands are reduced to TF32 (truncated, as the tensor core does: harness/tf32.py);
+  matmul operands are reduced to TF32 (truncated, as the tensor core does: harness/measure/tf32.py);
 - ``tf32-undeclared`` declares ``matmul_precision="ieee"`` (the default), so it is judged against the
   IEEE float32 floor, about 2^13 times stricter on the GEMM-bound components.
 
@@ -25,7 +25,7 @@ Measured on an H100 (torch 2.11, triton 3.6): smoke, declared 3/3 PASS (worst ra
 3/3 FAIL (1.1e3x to 3.1e3x its bound); sweep, declared 34/34 PASS (worst 0.54), undeclared 32/34 FAIL
 (up to 8.6e3x; the two that pass are the all-ignored cases, whose gradients are exactly zero). Triton's
 TF32 ``tl.dot`` truncates the operands on that GPU; against a floor that rounded them to nearest
-instead, the declared backend failed all 3 smoke cells by up to 2.6x (harness/oracle.py, TF32_ROUNDING).
+instead, the declared backend failed all 3 smoke cells by up to 2.6x (harness/measure/oracle.py, TF32_ROUNDING).
 
 Under the interpreter the autograd Function matches the reference: ``linear_xent`` on the CPU smoke
 and sweep cases stays within 0.33 of the IEEE floor's bound on every component (tests/test_tf32.py

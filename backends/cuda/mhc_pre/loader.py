@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from harness import cuda_build
+from harness.tools import cuda_build
 
 CU_SOURCES: tuple[Path, ...] = (Path(__file__).with_name("mhc_pre.cu"),)
 NVCC_FLAGS: tuple[str, ...] = cuda_build.DEFAULT_FLAGS

@@ -1,7 +1,7 @@
 """Registers the two Triton backends of ``fused_linear_xent`` (no triton import here)."""
 
 from harness import Backend, register_backend
-from harness.registry import interpreted
+from harness.model.registry import interpreted
 
 _DIR = "backends/triton/fused_linear_xent/"
 # token tile, vocabulary tile of the LSE partials, hidden tile of dweight: the

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.triton_aot import as_descriptors
+from harness.tools.triton_aot import as_descriptors
 
 from . import kernels as K
 from .wrapper import GPU, GPU_F16, GPU_FP32, Gemm

@@ -1,7 +1,7 @@
 """Registers the Triton backend of ``lazy_attention`` (no triton import here)."""
 
 from harness import Backend, register_backend
-from harness.registry import interpreted
+from harness.model.registry import interpreted
 
 _DIR = "backends/triton/lazy_attention/"
 

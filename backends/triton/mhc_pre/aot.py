@@ -9,7 +9,7 @@ tensors at production sizes.
 
 from __future__ import annotations
 
-from harness.triton_aot import as_descriptors
+from harness.tools.triton_aot import as_descriptors
 
 from . import kernels as K
 from .wrapper import GPU_CONFIG as C

@@ -1,0 +1,201 @@
+"""Localization figures: a component's errors, its floor's errors and its oracle per slice along each
+axis (measured in the worker, see profiles()); which slices are bad and what that suggests is decided
+from these figures when a report is rendered (harness/judge/diagnose.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..model.records import MAX_BUCKETS, SliceProfile
+from ..model.spec import Axis
+
+Tensor = torch.Tensor
+
+
+def block_size(axis: Axis, blocks: dict[str, int], params: dict) -> int:
+    if axis.group_param is not None:
+        return max(1, int(params.get(axis.group_param, 1)))
+    if axis.block is not None:
+        return max(1, int(blocks.get(axis.block, axis.default_block)))
+    return max(1, axis.default_block)
+
+
+def _per_slice(x: Tensor, dim: int, size: int, nslices: int, reduce: str) -> Tensor:
+    """Reduce x over everything but ``dim``, grouped in blocks of ``size`` along ``dim``."""
+    x = x.movedim(dim, 0).reshape(x.shape[dim], -1)
+    pad = nslices * size - x.shape[0]
+    if reduce == "max":
+        x = torch.nn.functional.pad(x, (0, 0, 0, pad), value=float("-inf")) if pad else x
+        return x.reshape(nslices, -1).amax(dim=1)
+    if reduce == "sumsq":
+        x = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
+        return x.pow(2).reshape(nslices, -1).sum(dim=1)
+    if reduce == "count":
+        x = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
+        return x.reshape(nslices, -1).sum(dim=1)
+    raise ValueError(reduce)
+
+
+def profiles(
+    e: Tensor,
+    k: Tensor,
+    o: Tensor,
+    floor_err: Tensor | None,
+    axes: tuple[Axis, ...],
+    blocks: dict[str, int],
+    params: dict,
+) -> list[SliceProfile]:
+    """Per-slice figures of one component along each of its axes (see records.SliceProfile): the
+    backend's excess error, the floor's error, the oracle's magnitude and a per-slice scale fit."""
+    k = k.detach().to(torch.float64)
+    o = o.detach().to(torch.float64)
+    if e.numel() == 0:
+        return []
+    fin = torch.isfinite(k) & torch.isfinite(o)
+    kf, of = torch.where(fin, k, 0.0), torch.where(fin, o, 0.0)
+    e_fin = torch.where(torch.isfinite(e), e, 0.0)
+    nonfin = (~torch.isfinite(e)).double()
+    fl = torch.zeros_like(e_fin) if floor_err is None else torch.where(
+        torch.isfinite(floor_err), floor_err.detach().to(torch.float64), 0.0)
+    kz = ((k == 0) & (o != 0)).double()
+    onz = (o != 0).double()
+    out = []
+    for ax in axes:
+        if ax.dim >= e.dim():
+            continue
+        n = e.shape[ax.dim]
+        size, ns, bucket, group, nb = slicing(ax, n, blocks, params)
+
+        def red(x: Tensor, how: str, group: int = group, nb: int = nb, dim: int = ax.dim) -> Tensor:
+            return _per_slice(x, dim, group, nb, how)
+
+        sums = {"count": red(torch.ones_like(e_fin), "count"), "ko": red(kf * of, "count"),
+                "oo": red(of * of, "count"), "kk": red(kf * kf, "count"), "nzero": red(kz, "count"),
+                "nonz_o": red(onz, "count"), "err_max": red(e, "max"), "err_ss": red(e_fin, "sumsq"),
+                "floor_max": red(fl, "max"), "floor_ss": red(fl, "sumsq"), "oracle_max": red(of.abs(), "max"),
+                "nonfinite": red(nonfin, "count")}
+        out.append(slice_profile(ax.name, size, n, ns, bucket, sums))
+    return out
+
+
+def slicing(ax: Axis, n: int, blocks: dict[str, int], params: dict) -> tuple[int, int, int, int, int]:
+    """How an axis of extent ``n`` is cut: (block size, slices, slices per bucket, indices per bucket,
+    buckets)."""
+    size = block_size(ax, blocks, params)
+    ns = -(-n // size)
+    bucket = -(-ns // MAX_BUCKETS)
+    group = size * bucket
+    return size, ns, bucket, group, -(-n // group)
+
+
+def slice_profile(axis: str, size: int, n: int, ns: int, bucket: int, sums: dict[str, Tensor]) -> SliceProfile:
+    """The SliceProfile of one axis from its per-bucket sums and maxima (see profiles(); a chunked cell
+    gathers the same ones chunk by chunk, harness/measure/streaming.py)."""
+    count, ko, oo, kk = sums["count"], sums["ko"], sums["oo"], sums["kk"]
+    scale = torch.where(oo > 0, ko / oo.clamp_min(1e-300), torch.zeros_like(oo))
+    scaled = ((kk - 2 * scale * ko + scale * scale * oo).clamp_min(0) / count.clamp_min(1)).sqrt()
+    nzero, nonz_o = sums["nzero"], sums["nonz_o"]
+    return SliceProfile(
+        axis=axis, block=size, extent=n, slices=ns, bucket=bucket,
+        err_max=_floats(sums["err_max"]),
+        err_rms=_floats((sums["err_ss"] / count.clamp_min(1)).sqrt()),
+        floor_max=_floats(sums["floor_max"]),
+        floor_rms=_floats((sums["floor_ss"] / count.clamp_min(1)).sqrt()),
+        oracle_max=_floats(sums["oracle_max"]),
+        count=[int(c) for c in count.tolist()],
+        scale=_floats(scale),
+        scaled_rms=_floats(scaled),
+        zero=((nzero == nonz_o) & (nonz_o > 0)).nonzero().flatten().tolist(),
+        nonfinite=(sums["nonfinite"] > 0).nonzero().flatten().tolist(),
+    )
+
+
+def _floats(x: Tensor) -> list[float]:
+    return [float(v) for v in x.tolist()]
+
+
+def first_and_worst(e: Tensor, tol_max: float) -> tuple[list[int], list[int]]:
+    """The first index whose excess error breaks the max bound, and the index of the largest one."""
+    if e.numel() == 0 or e.dim() == 0:
+        return [], []
+    bad = (e > tol_max) | torch.isinf(e)
+    first = [int(i) for i in bad.nonzero()[0].tolist()] if bad.any() else []
+    worst = [int(i) for i in torch.unravel_index(torch.nan_to_num(e, posinf=math.inf).argmax(), e.shape)]
+    return first, worst
+
+
+def matches(pattern: Any, bad: list[int], slices: int) -> bool:
+    """Does the bad-slice list match an expectation pattern (used by the bug zoo)?"""
+    want: set[int]
+    if pattern == "all":
+        want = set(range(slices))
+    elif pattern == "all-but-last":
+        want = set(range(slices - 1))
+    elif pattern == "all-but-first":
+        want = set(range(1, slices))
+    elif pattern == "first":
+        want = {0}
+    elif pattern == "last":
+        want = {slices - 1}
+    elif pattern == "none":
+        want = set()
+    elif isinstance(pattern, str) and "-" in pattern:
+        a, b = pattern.split("-")
+        want = set(range(int(a), int(b) + 1))
+    elif isinstance(pattern, (list, tuple)):
+        want = {int(i) for i in pattern}
+    else:
+        raise ValueError(f"unknown localization pattern {pattern!r}")
+    return set(bad) == want
+
+
+def grid_layout(
+    shape: tuple[int, ...], axes: tuple[Axis, ...], blocks: dict[str, int], params: dict, cap: int = 64
+) -> tuple[Axis, Axis, list[int]] | None:
+    """The heatmap's two axes (the widest on different dimensions, in dimension order) and their block
+    sizes (at most ``cap`` blocks each), for a component of this shape; None when there is no second axis."""
+    dims = len(shape)
+    cand = [(ax, -(-shape[ax.dim] // block_size(ax, blocks, params))) for ax in axes if ax.dim < dims]
+    cand = [(ax, n) for ax, n in cand if n > 1]
+    cand.sort(key=lambda x: -x[1])
+    pick = []
+    for ax, _n in cand:
+        if all(ax.dim != p.dim for p in pick):
+            pick.append(ax)
+        if len(pick) == 2:
+            break
+    if not pick:
+        return None
+    if len(pick) == 1:  # a strip along the one axis that has several slices
+        pick.insert(0, next((ax for ax in axes if ax.dim < dims and ax.dim != pick[0].dim), None) or pick[0])
+        if pick[0] is pick[1]:
+            return None
+    a, b = sorted(pick, key=lambda ax: ax.dim)
+    sizes = []
+    for ax in (a, b):
+        size = block_size(ax, blocks, params)
+        n = shape[ax.dim]
+        while -(-n // size) > cap:
+            size *= 2
+        sizes.append(size)
+    return a, b, sizes
+
+
+def grid(
+    e: Tensor, axes: tuple[Axis, ...], blocks: dict[str, int], params: dict, cap: int = 64
+) -> dict[str, Any] | None:
+    """Max error over slices of the two widest axes on different dimensions (for a heatmap)."""
+    layout = grid_layout(tuple(e.shape), axes, blocks, params, cap)
+    if layout is None:
+        return None
+    a, b, sizes = layout
+    x = torch.where(torch.isfinite(e), e, torch.full_like(e, float("inf")))
+    x = x.movedim((a.dim, b.dim), (0, 1)).reshape(e.shape[a.dim], e.shape[b.dim], -1).amax(-1)
+    na, nb = -(-x.shape[0] // sizes[0]), -(-x.shape[1] // sizes[1])
+    x = torch.nn.functional.pad(x, (0, nb * sizes[1] - x.shape[1], 0, na * sizes[0] - x.shape[0]), value=0.0)
+    x = x.reshape(na, sizes[0], nb, sizes[1]).amax(dim=(1, 3))
+    return {"axes": [a.name, b.name], "block": sizes, "values": [[float(v) for v in row] for row in x.tolist()]}
