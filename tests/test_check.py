@@ -15,10 +15,11 @@ import pytest
 from harness import Backend
 from harness.front import check
 from harness.model import registry
-from harness.run.runner import plan
+from harness.run.plan import plan
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECK = ("import sys, argparse; from harness.front import check; p = argparse.ArgumentParser(); check.add_arguments(p); "
+CHECK = ("import sys, argparse; from harness.front import check; p = argparse.ArgumentParser(); "
+         "check.add_arguments(p); "
          "sys.exit(check.run(p.parse_args(sys.argv[1:])))")
 
 # a correct cross-entropy in torch, as the README adapter's my_kernels module

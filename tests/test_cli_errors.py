@@ -16,6 +16,8 @@ from types import SimpleNamespace
 import pytest
 
 from harness.front import check, cli
+from harness.front.parser import parser
+from harness.front.run_command import recorded_costs
 from harness.model import registry
 from harness.store import reports
 
@@ -67,7 +69,7 @@ def test_the_default_report_folder_is_one_constant_used_by_the_parser_and_the_re
     from harness.store.reports import DEFAULT_REPORT_ROOT
 
     assert DEFAULT_REPORT_ROOT == ".harness/reports"
-    p = cli.parser()
+    p = parser()
     for argv in (["run", "--kernel", "mhc"], ["mutants"], ["bench"], ["report"]):
         assert p.parse_args(argv).report == DEFAULT_REPORT_ROOT, argv
     assert RunRequest(["mhc"]).report == DEFAULT_REPORT_ROOT
@@ -92,14 +94,14 @@ def test_recorded_on_a_gpu_class_without_records_takes_another_gpu_class_s(tmp_p
     (tmp_path / "h100" / "mhc_pre.jsonl").write_text("\n".join(gpu) + "\n")
     tasks = [SimpleNamespace(operator="mhc_pre")]
 
-    got = cli._recorded(str(tmp_path), "cuda", "h200", tasks)
+    got = recorded_costs(str(tmp_path), "cuda", "h200", tasks)
 
     h100 = reports.recorded(tmp_path / "h100", ["mhc_pre"], ("duration_s", "peak_mem_mb"))
     assert got["durations"] and got["durations"] == h100["duration_s"]
     assert all(v >= 1000.0 for v in got["durations"].values())
     assert got["peaks"] and set(got["peaks"].values()) == {123.0}
     # this class's own records, where it has them, come first
-    assert cli._recorded(str(tmp_path), "cuda", "h100", tasks)["durations"] == h100["duration_s"]
+    assert recorded_costs(str(tmp_path), "cuda", "h100", tasks)["durations"] == h100["duration_s"]
 
 
 # -- bad arguments and files: one line naming the argument, exit 2 -------------------------------------------
@@ -302,8 +304,8 @@ def test_hypothesis_on_an_operator_without_a_strategy_is_a_usage_error_naming_it
 # -- harness check's default timeout -------------------------------------------------------------------------
 
 def test_check_waits_30_s_by_default_and_its_timeout_says_how_to_wait_longer():
-    assert cli.parser().parse_args(["check", "my_adapter.py"]).timeout == 30.0
-    from harness.run.runner import plan
+    assert parser().parse_args(["check", "my_adapter.py"]).timeout == 30.0
+    from harness.run.plan import plan
 
     registry.discover()
     task = plan(["softmax_xent"], "smoke", ["torch"], ["float32"], "cpu", repeats=1).tasks[0]

@@ -135,12 +135,12 @@ def test_a_ctrl_c_while_a_worker_is_spawned_reaches_the_parent_afterwards():
     """The parent holds SIGINT back while it spawns a worker; one that arrives then still interrupts it (at
     once where another thread takes the signal, else right after the spawn), instead of being dropped, as
     it was when the parent ignored SIGINT during the spawn."""
-    from harness.run import runner
+    from harness.run import processes as run_processes
 
     before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, however pytest started
     try:
         with pytest.raises(KeyboardInterrupt):
-            with runner._sigint_held():
+            with run_processes.sigint_held():
                 os.kill(os.getpid(), signal.SIGINT)
                 time.sleep(0.2)
             time.sleep(0.2)

@@ -152,3 +152,16 @@ def test_modules_and_functions_are_short():
 
 def test_at_most_three_named_exceptions():
     assert len(EXCEPTIONS) <= 3 and all(m in MODULES for m in EXCEPTIONS)
+
+
+def test_the_design_pages_layer_table_lists_every_module_where_it_is():
+    """docs/design.md's "Layers" table is where a newcomer looks for the module to change: it must be right."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    rows = {}
+    for line in text.split("## Layers", 1)[1].split("\n## ", 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`") and cells[0].strip("`") in LAYERS:
+            rows[cells[0].strip("`")] = {m.strip() for m in cells[2].split(",")}
+    on_disk = {layer: {m.split(".")[2] for m in MODULES if m.count(".") == 2 and m.split(".")[1] == layer}
+               for layer in LAYERS}
+    assert rows == on_disk

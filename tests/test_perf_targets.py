@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from harness import PerfTarget
-from harness.tools.bench import check_targets, render_bench
+from harness.tools.bench_report import render_bench
+from harness.tools.perf_targets import check_targets
 from harness.tools.status import write_status
 
 ROWS = [

@@ -110,7 +110,7 @@ class _Instant:
         self.durations, self.peaks, self.stats = {}, {}, {}
 
     def run(self, tasks, on_cell) -> None:
-        from harness.measure.cell import error_cell
+        from harness.measure.failures import error_cell
 
         for t in tasks:
             on_cell(error_cell(t.operator, t.backend, t.case, t.dtype, t.device, t.seed, "PASS", ""))
@@ -129,7 +129,7 @@ def _session(report: Path):
 def test_the_report_is_redrawn_while_the_run_goes_on_at_most_every_interval(tmp_path: Path, monkeypatch):
     import types
 
-    from harness.measure.cell import error_cell
+    from harness.measure.failures import error_cell
     from harness.run import session
 
     clock = types.SimpleNamespace(now=1000.0)
@@ -284,11 +284,11 @@ def _third_cell(name: str, data) -> bool:
 
 def test_a_full_disk_during_a_run_is_one_clear_error_and_keeps_what_was_written(tmp_path, monkeypatch, capsys):
     from harness.front import cli
-    from harness.run import session
+    from harness.run import pool
     from harness.store.reports import load
 
     monkeypatch.chdir(tmp_path)  # anything written beside the report (a trace of an unexpected error) stays here
-    monkeypatch.setattr(session, "LocalPool", _Instant)
+    monkeypatch.setattr(pool, "LocalPool", _Instant)
     args = ["run", "--kernel", "mhc_pre", "--sizes", "smoke", "--backend", "golden", "--dtype", "float32",
             "--device", "cpu", "--report", str(tmp_path), "--no-progress"]
     folder = tmp_path / "cpu"
@@ -304,7 +304,7 @@ def test_a_full_disk_during_a_run_is_one_clear_error_and_keeps_what_was_written(
     assert err.startswith(f"harness run: error: cannot write the report in {folder}: No space left on device"), err
     monkeypatch.undo()  # space freed
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(session, "LocalPool", _Instant)
+    monkeypatch.setattr(pool, "LocalPool", _Instant)
     cells, runs = load(folder, "mhc_pre")  # readable: the earlier run's cells and the two written before
     assert {c.key for c in cells} == first and len(runs) == 2
     assert sum(c.run_id == list(runs)[-1] for c in cells) == 2
@@ -332,7 +332,7 @@ def test_atomic_write_on_a_full_disk_keeps_the_old_file_and_leaves_no_temporary_
 
 
 def test_a_jsonl_with_a_truncated_last_line_loads_every_earlier_cell_and_renders(tmp_path, caplog):
-    from harness.measure.cell import error_cell
+    from harness.measure.failures import error_cell
     from harness.render.report import ReportWriter, render
     from harness.store.reports import load, planned_key
 

@@ -163,7 +163,7 @@ def test_last_block_hint_needs_a_last_block_worth_the_name():
 
 
 def test_a_report_mixing_runs_names_them_and_tags_earlier_cells(tmp_path):
-    from harness.measure.cell import error_cell
+    from harness.measure.failures import error_cell
     from harness.model.registry import get_operator
     from harness.render.report import ReportWriter, render_markdown
     from harness.store.reports import load
@@ -195,7 +195,7 @@ def test_a_report_mixing_runs_names_them_and_tags_earlier_cells(tmp_path):
 
 
 def test_a_case_that_left_the_preset_leaves_the_report(tmp_path):
-    from harness.measure.cell import error_cell
+    from harness.measure.failures import error_cell
     from harness.model.registry import get_operator
     from harness.render.report import ReportWriter
     from harness.store.reports import load, planned_key
@@ -222,7 +222,7 @@ def test_a_case_that_left_the_preset_leaves_the_report(tmp_path):
 
 
 def test_a_report_of_a_run_stopped_midway_lists_the_cells_without_a_result(tmp_path):
-    from harness.measure.cell import error_cell
+    from harness.measure.failures import error_cell
     from harness.model.registry import get_operator
     from harness.render.report import ReportWriter, render_markdown
     from harness.store.reports import load, planned_key

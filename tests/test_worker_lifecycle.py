@@ -15,8 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.judge.judgement import judge_cell
 from harness.model import registry
-from harness.run import runner
+from harness.model.records import CellRecord
+from harness.run import plan as run_plan
+from harness.run import pool as run_pool
+from harness.run import single as run_single
 
 ROOT = Path(__file__).resolve().parent.parent
 LIFECYCLE = str(ROOT / "tests" / "plugins" / "lifecycle.py")
@@ -44,7 +48,8 @@ def notes(pids: Path) -> list[dict]:
 
 def cells(tmp_path: Path) -> list[dict]:
     jsonl = tmp_path / "r" / "cpu" / "mhc_pre.jsonl"
-    return [d for d in map(json.loads, jsonl.read_text().splitlines()) if "status" in d]
+    return [{**d, "shown": judge_cell(CellRecord.from_json(d)).shown}  # judged as a report judges it
+            for d in map(json.loads, jsonl.read_text().splitlines()) if "status" in d]
 
 
 def wait_for(pred, timeout: float = 240.0, what: str = "") -> None:
@@ -130,7 +135,7 @@ def test_the_processes_a_kernel_starts_end_with_the_run(tmp_path: Path):
         out, _ = p.communicate(timeout=300)
         ns = notes(pids)
         by = {c["backend"]: c for c in cells(tmp_path)}
-        assert by["spawns"]["status"] == "PASS", out
+        assert by["spawns"]["shown"] == "PASS", out
         assert by["spawns-hangs"]["status"] == "TIMEOUT", out
         assert {n["name"] for n in ns} == {"spawns", "spawns-hangs"}, ns
         children = [n["child"] for n in ns]
@@ -139,35 +144,35 @@ def test_the_processes_a_kernel_starts_end_with_the_run(tmp_path: Path):
         kill_leftovers(notes(pids))
 
 
-def _task(backend: str, dtype: str = "float32", case: str = "tiny-n2") -> runner.Task:
+def _task(backend: str, dtype: str = "float32", case: str = "tiny-n2") -> run_plan.Task:
     registry.discover()
     c = next(c for c in registry.get_operator("mhc_pre").cases("smoke", "cpu") if c.name == case)
-    return runner.Task("mhc_pre", backend, c, dtype, "cpu", repeats=1)
+    return run_plan.Task("mhc_pre", backend, c, dtype, "cpu", repeats=1)
 
 
 def test_a_worker_killed_for_its_timeout_takes_its_kernels_processes(tmp_path: Path, monkeypatch):
-    """runner.run kills the worker of a cell that timed out with its process group: the kernel's process is gone
+    """run_pool.run_plan kills the worker of a cell that timed out with its process group: the kernel's process is gone
     before the next cell is handed over; and CellExecutor does the same (before close)."""
     pids = tmp_path / "pids"
     monkeypatch.setenv("LIFECYCLE_PIDS", str(pids))
     seen: list[tuple[str, str, list[bool]]] = []
 
     def on_cell(cell) -> None:  # the children of the cells noted so far: alive or not when this cell is handed over
-        seen.append((cell.backend, cell.status.value, [alive(n["child"]) for n in notes(pids)]))
+        seen.append((cell.backend, judge_cell(cell).shown, [alive(n["child"]) for n in notes(pids)]))
 
     try:
-        plan = runner.Plan(tasks=[_task("spawns-hangs", "float32"), _task("golden", "float16")])
-        runner.run(plan, [LIFECYCLE], on_cell, workers=1, timeout=4)
+        plan = run_plan.Plan(tasks=[_task("spawns-hangs", "float32"), _task("golden", "float16")])
+        run_pool.run_plan(plan, [LIFECYCLE], on_cell, workers=1, timeout=4)
         assert [s[:2] for s in seen] == [("spawns-hangs", "TIMEOUT"), ("golden", "PASS")], seen
         assert seen[1][2] == [False], seen  # the timed-out worker's child was killed with it
 
         pids.unlink()
-        cells = runner.CellExecutor("cpu", [LIFECYCLE], timeout=4)
+        cells = run_single.CellWorker("cpu", [LIFECYCLE], timeout=4)
         try:
             assert cells.run(_task("spawns-hangs")).status.value == "TIMEOUT"
             [n] = notes(pids)
             wait_for(lambda: not alive(n["child"]), 5, "the timed-out kernel's process to end")
-            assert cells.run(_task("spawns")).status.value == "PASS"
+            assert judge_cell(cells.run(_task("spawns"))).shown == "PASS"
             spawned = [n["child"] for n in notes(pids) if n["name"] == "spawns"]
             assert spawned and all(alive(c) for c in spawned)  # the worker is alive, and its kernel's process
         finally:
@@ -205,7 +210,7 @@ def test_a_backend_that_hangs_twice_in_a_row_is_given_up_on(tmp_path: Path):
 
 def test_the_pytest_plugins_worker_gives_up_on_a_backend_that_hangs_twice(tmp_path: Path, monkeypatch):
     """SingleWorker (one pytest item per cell) runs cells through CellExecutor, which asks the same guard."""
-    from harness.run.session import SingleWorker
+    from harness.run.single import SingleWorker
 
     pids = tmp_path / "pids"
     monkeypatch.setenv("LIFECYCLE_PIDS", str(pids))
@@ -219,7 +224,7 @@ def test_the_pytest_plugins_worker_gives_up_on_a_backend_that_hangs_twice(tmp_pa
         one.close()
         kill_leftovers(notes(pids))
     assert [c.error for c in got] == ["no result after 2 s; worker killed"] * 2 + [NOT_RUN] * 2
-    assert golden.status.value == "PASS" and (later.status.value, later.error) == ("TIMEOUT", NOT_RUN)
+    assert judge_cell(golden).shown == "PASS" and (later.status.value, later.error) == ("TIMEOUT", NOT_RUN)
     assert len(notes(pids)) == 2
 
 
@@ -260,7 +265,7 @@ def test_a_worker_killed_from_outside_mid_cell_is_a_crash_that_names_sigkill(tmp
     hung = [c for c in got if c["backend"] == "hangs"]
     assert [c["status"] for c in hung] == ["CRASH", "CRASH"], hung
     assert all(c["error"] == f"worker process died ({OOM}) while running this cell" for c in hung), hung
-    assert [c["status"] for c in got if c["backend"] == "golden"] == ["PASS", "PASS"], got
+    assert [c["shown"] for c in got if c["backend"] == "golden"] == ["PASS", "PASS"], got
 
 
 def test_the_hang_guard_counts_timeouts_in_a_row_per_backend():
@@ -377,5 +382,5 @@ def test_resume_runs_the_cells_not_run_because_the_backend_hung(tmp_path: Path):
     assert len(hung) == 2 and len(given_up) == 3, cells(tmp_path)
     again = subprocess.run([*args, "--resume"], capture_output=True, text=True, timeout=600, env=env)
     assert "2 of 5 cells already have a result" in again.stdout, again.stdout + again.stderr
-    latest = {c["case"]["name"]: c["status"] for c in cells(tmp_path)}  # the last record of each case wins
+    latest = {c["case"]["name"]: c["shown"] for c in cells(tmp_path)}  # the last record of each case wins
     assert sorted(latest.values()) == ["PASS"] * 3 + ["TIMEOUT"] * 2, latest

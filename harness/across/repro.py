@@ -41,6 +41,7 @@ def save_bundle(cell: CellRecord, root: str | Path, plugins: list[str]) -> Path:
         digest, size = tensors_digest(inputs.tensors), tensors_nbytes(inputs.tensors)
         if size <= MAX_SAVED_BYTES:
             torch.save({k: v for k, v in inputs.tensors.items()}, d / "inputs.pt")
+    judged = judge_cell(cell)
     bundle = {
         "operator": op.name,
         "backend": cell.backend,
@@ -50,8 +51,8 @@ def save_bundle(cell: CellRecord, root: str | Path, plugins: list[str]) -> Path:
         "device": cell.device,
         # absolute, so that the bundle replays from any folder (a plugin given as a module name stays one)
         "plugins": [str(Path(x).resolve()) if x.endswith(".py") or Path(x).exists() else x for x in plugins],
-        "status": cell.status.value,
-        "failing": [c.name for c in judge_cell(cell).failed_components],
+        "status": judged.shown,
+        "failing": [c.name for c in judged.failed_components],
         "inputs_sha256": digest,
         "inputs_saved": size <= MAX_SAVED_BYTES,
         "provenance": run_provenance(cell.device or "cpu"),

@@ -13,13 +13,14 @@ from ..judge.judgement import judge_cell
 from ..model import registry  # imported only once a harness option asked for these items
 from ..model.spec import dtype_of
 from ..render.terminal import format_failure
-from ..run import runner
+from ..run.plan import Task
 from ..store.provenance import device_class
-from ..tools.bench import _sync, bench_calls, cpu_interpret
+from ..tools.bench import bench_calls, cpu_interpret
+from ..tools.bench_timing import sync_device as _sync
 from .pytest_run import run_session
 
 
-def test_conformance(harness_cell: runner.Task, request: pytest.FixtureRequest) -> None:
+def test_conformance(harness_cell: Task, request: pytest.FixtureRequest) -> None:
     """One conformance cell; fails with the component table, the hint and the repro command; a failure
     inside the backend's declared gap is an xfail with the gap's reason and figures."""
 

@@ -20,8 +20,9 @@ from ..model.devices import checked_device
 from ..model.errors import CannotRunHere, UsageError
 from ..model.records import CellRecord
 from ..model.spec import as_list
-from ..run import runner
-from ..run.session import RunRequest, RunSession, SingleWorker, load_plugins
+from ..run.plan import Task
+from ..run.session import RunRequest, RunSession, load_plugins
+from ..run.single import SingleWorker
 from ..tools.bench import cases_for
 
 _RUN = pytest.StashKey["PytestRun"]()
@@ -89,7 +90,7 @@ class PytestRun:
         self.executor: Any = None
         self.ran: dict[str, list] = {}  # backend -> [items that ran, skip reasons] (from the item reports)
 
-    def run_cell(self, t: runner.Task) -> CellRecord:
+    def run_cell(self, t: Task) -> CellRecord:
         if t.skip:
             cell = t.failed("SKIP", t.skip)
         else:
@@ -101,7 +102,7 @@ class PytestRun:
                 self.executor = SingleWorker(self.session.device, registry.plugins_loaded(),
                                              self.config.getoption("harness_timeout"), gpu=_gpu_for_xdist_worker(),
                                              max_hangs=self.config.getoption("harness_max_hangs"))
-            cell = self.executor.cells.run(t)
+            cell = self.executor.run_one(t)
         self.session.record(cell)
         return cell
 

@@ -13,7 +13,8 @@ from ..model.errors import UsageError
 from ..model.mutant_builds import resolve
 from ..model.spec import Case, dtype_of
 from ..render.terminal import format_failure
-from ..run import runner
+from ..run.plan import plan
+from ..run.single import SingleWorker
 
 
 def replay(path: str, device: str | None = None, timeout: float = 300.0) -> int:
@@ -39,12 +40,12 @@ def replay(path: str, device: str | None = None, timeout: float = 300.0) -> int:
             "replaying the regenerated inputs"
         )
     # a TIMEOUT bundle replays its hang: the cell is stopped after ``timeout`` seconds, as in the run
-    ex = runner.CellExecutor(dev, b.get("plugins", []), timeout=timeout)
+    ex = SingleWorker(dev, b.get("plugins", []), timeout=timeout, max_hangs=0)
     try:
-        p = runner.plan(
+        p = plan(
             [b["operator"]], "smoke", [b["backend"]], [b["dtype"]], dev, b["seed"], cases={b["operator"]: [case]}
         )
-        cell = ex.run(p.tasks[0])
+        cell = ex.run_one(p.tasks[0])
     finally:
         ex.close()
     if cell.status.value == "TIMEOUT":

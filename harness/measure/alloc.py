@@ -10,6 +10,7 @@ write past either end changes a guard band and fails the contract.
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,6 +33,11 @@ def _guard_fill(buf: torch.Tensor) -> None:
         buf.fill_(True)
     else:
         buf.fill_(0x5A)
+
+
+def _shape_of(size: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The shape of ``torch.empty(2, 3)`` and of ``torch.empty((2, 3))`` alike."""
+    return tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else tuple(size)
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -93,10 +99,31 @@ class PoisonedAllocations:
         return view
 
     def __enter__(self) -> PoisonedAllocations:
+        self._keep_originals()
+        self._install_hooks()
+        return self
+
+    def _keep_originals(self) -> None:
+        """The allocators as they are now: what the hooks fall back on, what _alloc allocates its padded
+        buffers with (the hook would recurse) and what __exit__ puts back."""
         self._orig_empty = torch.empty
         self._orig_empty_like = torch.empty_like
         self._orig_empty_strided = torch.empty_strided
         self._orig_new_empty = torch.Tensor.new_empty
+
+    def _install_hooks(self) -> None:
+        """Replace the four allocators with hooks into _alloc (the four that __exit__ puts back)."""
+        torch.empty = self._empty_hook()
+        torch.empty_like = self._empty_like_hook()
+        torch.empty_strided = self._empty_strided_hook()
+        torch.Tensor.new_empty = self._new_empty_hook()
+
+    # The hooks stay in this file: _alloc names the allocating line as the innermost frame outside alloc.py,
+    # so a hook defined in another module would be named instead of the backend's line.
+
+    def _empty_hook(self) -> Callable[..., torch.Tensor]:
+        """torch.empty: poisoned for a plain dense tensor; what it cannot lay out (out=, another layout or
+        memory format, arguments it does not know) goes to the original."""
         outer = self
 
         def empty(
@@ -127,10 +154,17 @@ class PoisonedAllocations:
                     memory_format=memory_format,
                     **kw,
                 )
-            shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else tuple(size)
+            shape = _shape_of(size)
             dt = dtype or torch.get_default_dtype()
             dev = torch.device(device) if device is not None else torch.get_default_device()
             return outer._alloc(tuple(int(s) for s in shape), None, dt, dev, requires_grad)
+
+        return empty
+
+    def _empty_like_hook(self) -> Callable[..., torch.Tensor]:
+        """torch.empty_like: poisoned, in the source's strides where preserve_format keeps a dense permuted
+        layout; another layout or unknown arguments go to the original."""
+        outer = self
 
         def empty_like(
             t: torch.Tensor,
@@ -158,6 +192,12 @@ class PoisonedAllocations:
                 return outer._alloc(tuple(t.shape), tuple(t.stride()), dt, dev, requires_grad)
             return outer._alloc(tuple(t.shape), None, dt, dev, requires_grad)
 
+        return empty_like
+
+    def _empty_strided_hook(self) -> Callable[..., torch.Tensor]:
+        """torch.empty_strided: always poisoned, in the strides asked for."""
+        outer = self
+
         def empty_strided(
             size: Any,
             stride: Any,
@@ -173,6 +213,12 @@ class PoisonedAllocations:
             dev = torch.device(device) if device is not None else torch.get_default_device()
             return outer._alloc(tuple(size), tuple(stride), dt, dev, requires_grad)
 
+        return empty_strided
+
+    def _new_empty_hook(self) -> Callable[..., torch.Tensor]:
+        """Tensor.new_empty: always poisoned, dtype and device defaulting to the tensor's own."""
+        outer = self
+
         def new_empty(
             self_t: torch.Tensor,
             *size: Any,
@@ -181,7 +227,7 @@ class PoisonedAllocations:
             requires_grad: bool = False,
             **kw: Any,
         ) -> torch.Tensor:
-            shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else tuple(size)
+            shape = _shape_of(size)
             return outer._alloc(
                 tuple(int(s) for s in shape),
                 None,
@@ -190,11 +236,7 @@ class PoisonedAllocations:
                 requires_grad,
             )
 
-        torch.empty = empty
-        torch.empty_like = empty_like
-        torch.empty_strided = empty_strided
-        torch.Tensor.new_empty = new_empty
-        return self
+        return new_empty
 
     def __exit__(self, *exc: object) -> None:
         torch.empty = self._orig_empty

@@ -6,6 +6,7 @@ from these figures when a report is rendered (harness/judge/diagnose.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,19 +26,49 @@ def block_size(axis: Axis, blocks: dict[str, int], params: dict) -> int:
 
 
 def _per_slice(x: Tensor, dim: int, size: int, nslices: int, reduce: str) -> Tensor:
-    """Reduce x over everything but ``dim``, grouped in blocks of ``size`` along ``dim``."""
+    """Reduce x over everything but ``dim``, grouped in blocks of ``size`` along ``dim``: the maximum
+    ("max") or the sum ("sum")."""
     x = x.movedim(dim, 0).reshape(x.shape[dim], -1)
     pad = nslices * size - x.shape[0]
     if reduce == "max":
         x = torch.nn.functional.pad(x, (0, 0, 0, pad), value=float("-inf")) if pad else x
         return x.reshape(nslices, -1).amax(dim=1)
-    if reduce == "sumsq":
-        x = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
-        return x.pow(2).reshape(nslices, -1).sum(dim=1)
-    if reduce == "count":
+    if reduce == "sum":
         x = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
         return x.reshape(nslices, -1).sum(dim=1)
     raise ValueError(reduce)
+
+
+# What a SliceProfile is made of (slice_profile): per slice, the sums of some elementwise terms and the maxima
+# of others. A whole component reduces the terms per slice (profiles); a chunked one adds up per-index sums and
+# maxima chunk after chunk (harness/measure/streaming.py). Both take the terms from slice_terms.
+SLICE_SUMS = ("count", "ko", "oo", "kk", "nzero", "nonz_o", "err_ss", "floor_ss", "nonfinite")
+SLICE_MAXIMA = ("err_max", "floor_max", "oracle_max")
+
+
+def slice_terms(e: Tensor, k: Tensor, o: Tensor, floor_err: Tensor | None) -> dict[str, Callable[[], Tensor]]:
+    """The elementwise terms of the per-slice figures, by name (SLICE_SUMS and SLICE_MAXIMA), for the excess
+    error ``e``, backend ``k`` and oracle ``o`` (float64) and the floor's error. Each is made when called: a
+    term is a float64 tensor of the component's size, and a whole component holds one at a time."""
+    fin = torch.isfinite(k) & torch.isfinite(o)
+    kf, of = torch.where(fin, k, 0.0), torch.where(fin, o, 0.0)
+    e_fin = torch.where(torch.isfinite(e), e, 0.0)
+    fl = torch.zeros_like(e_fin) if floor_err is None else torch.where(
+        torch.isfinite(floor_err), floor_err.detach().to(torch.float64), 0.0)
+    return {
+        "count": lambda: torch.ones_like(e_fin),
+        "ko": lambda: kf * of,
+        "oo": lambda: of * of,
+        "kk": lambda: kf * kf,
+        "nzero": lambda: ((k == 0) & (o != 0)).double(),
+        "nonz_o": lambda: (o != 0).double(),
+        "err_ss": lambda: e_fin * e_fin,
+        "floor_ss": lambda: fl * fl,
+        "nonfinite": lambda: (~torch.isfinite(e)).double(),
+        "err_max": lambda: e,
+        "floor_max": lambda: fl,
+        "oracle_max": lambda: of.abs(),
+    }
 
 
 def profiles(
@@ -55,29 +86,15 @@ def profiles(
     o = o.detach().to(torch.float64)
     if e.numel() == 0:
         return []
-    fin = torch.isfinite(k) & torch.isfinite(o)
-    kf, of = torch.where(fin, k, 0.0), torch.where(fin, o, 0.0)
-    e_fin = torch.where(torch.isfinite(e), e, 0.0)
-    nonfin = (~torch.isfinite(e)).double()
-    fl = torch.zeros_like(e_fin) if floor_err is None else torch.where(
-        torch.isfinite(floor_err), floor_err.detach().to(torch.float64), 0.0)
-    kz = ((k == 0) & (o != 0)).double()
-    onz = (o != 0).double()
+    terms = slice_terms(e, k, o, floor_err)
     out = []
     for ax in axes:
         if ax.dim >= e.dim():
             continue
         n = e.shape[ax.dim]
         size, ns, bucket, group, nb = slicing(ax, n, blocks, params)
-
-        def red(x: Tensor, how: str, group: int = group, nb: int = nb, dim: int = ax.dim) -> Tensor:
-            return _per_slice(x, dim, group, nb, how)
-
-        sums = {"count": red(torch.ones_like(e_fin), "count"), "ko": red(kf * of, "count"),
-                "oo": red(of * of, "count"), "kk": red(kf * kf, "count"), "nzero": red(kz, "count"),
-                "nonz_o": red(onz, "count"), "err_max": red(e, "max"), "err_ss": red(e_fin, "sumsq"),
-                "floor_max": red(fl, "max"), "floor_ss": red(fl, "sumsq"), "oracle_max": red(of.abs(), "max"),
-                "nonfinite": red(nonfin, "count")}
+        sums = {s: _per_slice(term(), ax.dim, group, nb, "max" if s in SLICE_MAXIMA else "sum")
+                for s, term in terms.items()}
         out.append(slice_profile(ax.name, size, n, ns, bucket, sums))
     return out
 
@@ -198,4 +215,10 @@ def grid(
     na, nb = -(-x.shape[0] // sizes[0]), -(-x.shape[1] // sizes[1])
     x = torch.nn.functional.pad(x, (0, nb * sizes[1] - x.shape[1], 0, na * sizes[0] - x.shape[0]), value=0.0)
     x = x.reshape(na, sizes[0], nb, sizes[1]).amax(dim=(1, 3))
-    return {"axes": [a.name, b.name], "block": sizes, "values": [[float(v) for v in row] for row in x.tolist()]}
+    return grid_record(a, b, sizes, x)
+
+
+def grid_record(a: Axis, b: Axis, sizes: list[int], values: Tensor) -> dict[str, Any]:
+    """The heatmap as a record keeps it (ComponentFigures.grid), from its blocks' maxima of the excess error
+    along axes ``a`` and ``b`` (blocks of ``sizes``), whole (grid) or gathered chunk by chunk."""
+    return {"axes": [a.name, b.name], "block": sizes, "values": [[float(v) for v in row] for row in values.tolist()]}

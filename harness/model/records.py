@@ -39,6 +39,10 @@ READ_DIGITS = 4
 class Status(str, Enum):
     """What happened to a cell when it ran. XFAIL is not a status: it is a judgement (a declared gap)."""
 
+    # figures recorded: whether they PASS, FAIL or are SHAPE is the judge's (harness/judge/judgement.py), under
+    # the operator's bounds and the backend's declarations as they are when the record is read
+    MEASURED = "MEASURED"
+    # PASS, FAIL and SHAPE as a status: records written before the judge alone decided (read back as figures)
     PASS = "PASS"
     FAIL = "FAIL"
     SHAPE = "SHAPE"
@@ -55,8 +59,9 @@ class Status(str, Enum):
 
     @property
     def ran(self) -> bool:
-        """Produced figures (PASS, FAIL, SHAPE, REGRESSION), as opposed to a cell without a result."""
-        return self in (Status.PASS, Status.FAIL, Status.SHAPE, Status.REGRESSION)
+        """Produced figures (MEASURED; PASS, FAIL, SHAPE, REGRESSION in older records), as opposed to a cell
+        without a result."""
+        return self in (Status.MEASURED, Status.PASS, Status.FAIL, Status.SHAPE, Status.REGRESSION)
 
 
 _FAILING = frozenset({Status.FAIL, Status.SHAPE, Status.ERROR, Status.CRASH, Status.TIMEOUT, Status.REGRESSION})
@@ -255,7 +260,7 @@ class CellRecord:
     case: Case
     device: str
     seed: int = 0
-    status: Status = Status.PASS
+    status: Status = Status.MEASURED
     components: list[ComponentFigures] = field(default_factory=list)
     contracts: list[ContractResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

@@ -9,8 +9,8 @@ tables. "In a row" is in the order the results arrive: any other result of the b
 ERROR, CRASH, ...) ends the row; SKIP cells, which did not run, do not. Once given up on, a backend stays
 given up on for the run.
 
-Every executor that feeds a run's many cells asks the same :class:`HangGuard`: runner.run's pool of
-workers, runner.CellExecutor (the pytest plugin's one worker), and the Ray executor's driver.
+Every executor that feeds a run's many cells asks the same :class:`HangGuard`: the local pool's workers
+(pool.py), the single worker (single.py: the pytest plugin's items), and the Ray executor's driver.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..model.records import CellRecord, Status
 
 
 class Planned(Protocol):
-    """What the guard reads of a planned cell (runner.Task): the guard sits below the runner that uses it."""
+    """What the guard reads of a planned cell (plan.Task), without importing the plan: it needs no more."""
 
     operator: str
     backend: str

@@ -1,8 +1,8 @@
 """`harness run --executor ray`: the cells of a sweep as Ray tasks, past one machine.
 
-Each cell group (operator, case, dtype: the unit the local runner gives one worker) becomes one Ray task
+Each cell group (operator, case, dtype: the unit the local pool gives one worker) becomes one Ray task
 that asks for one GPU, a fraction of one, or a CPU slot, and inside it runs the harness's own worker
-process (runner.CellExecutor), one cell at a time: a cell's timeout, a worker's exit signal and its crash
+process (single.SingleWorker), one cell at a time: a cell's timeout, a worker's exit signal and its crash
 record are those of a local run. Tasks run once (``max_retries=0``: a kernel that segfaults is not run
 again by Ray). A cell that times out or kills the harness worker costs that cell only: the task starts a
 fresh worker for the rest of its group. A Ray task whose own process dies (killed, out of memory, its node
@@ -16,10 +16,10 @@ Cells stream back to the driver as they finish (a Ray generator task yields each
 report writer as a local run. Each records where it ran (``CellRecord.ran_on``: Ray node, Ray worker,
 the harness worker's pid, device class and package versions) and ``worker`` names the node and Ray worker.
 
-Where several groups share one GPU (``--workers N``: at most N groups per GPU), the runner's memory-aware
-packing becomes Ray's resource accounting: a group asks for ``num_gpus`` = its cells' largest recorded
-peak memory as a fraction of what a GPU shared by N workers leaves (runner.MemoryPacker's budget), and at
-least 1/N; a group recorded to need more runs alone (``num_gpus=1``), and a cell that still runs out of
+Where several groups share one GPU (``--workers N``: at most N groups per GPU), the local pool's
+memory-aware packing becomes Ray's resource accounting: a group asks for ``num_gpus`` = its cells' largest
+recorded peak memory as a fraction of what a GPU shared by N workers leaves (memory.MemoryPacker's budget),
+and at least 1/N; a group recorded to need more runs alone (``num_gpus=1``), and a cell that still runs out of
 memory beside others is run again alone.
 
 The project travels to the cluster's workers as Ray's runtime environment (``working_dir``: the checkout
@@ -41,19 +41,21 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..measure.failures import is_oom
 from ..model.errors import CannotRunHere, UsageError
 from ..model.records import CellRecord
 from ..model.registry import REPO_ROOT
 from ..model.spec import Case
 from ..store import provenance
-from . import runner
+from .executor import Executor, OnCell, report_skipped
 from .hangs import DEFAULT_MAX_HANGS, HangGuard
-from .session import Executor
+from .memory import CONTEXT_MB, MemoryPacker
+from .plan import Task, order_groups
+from .single import SingleWorker
 
 EXTRA = 'pip install "gradient-harness[ray]"'
 # what the working_dir upload leaves out (gitignore syntax, anchored at the checkout root; Ray also
@@ -76,19 +78,21 @@ def import_ray() -> Any:
 # -- on the cluster ---------------------------------------------------------------------------------------
 
 
-class _GroupCells(runner.CellExecutor):
-    """runner.CellExecutor (timeouts, crashes, a fresh worker after either; the worker in a process group
-    of its own, which the executor's watchdog kills when the Ray worker dies) whose worker is also made to
-    die with the Ray worker's thread that started it (PR_SET_PDEATHSIG, Linux), as before the watchdog: a
-    Ray worker killed mid-cell leaves no orphan still running a hung kernel."""
+class _GroupCells(SingleWorker):
+    """SingleWorker (timeouts, crashes, a fresh worker after either; the worker in a process group of its
+    own, which the executor's watchdog kills when the Ray worker dies) whose worker is also made to die with
+    the Ray worker's thread that started it (PR_SET_PDEATHSIG, Linux), as before the watchdog: a Ray worker
+    killed mid-cell leaves no orphan still running a hung kernel. Every cell runs: the driver's hang guard
+    decides which cells are submitted at all."""
 
     def __init__(self, device: str, plugins: list[str], timeout: float, threads: int, shared: bool):
-        super().__init__(device, plugins, timeout)
-        self.threads, self.shared, self.deathsig = threads, shared, True
+        super().__init__(device, plugins, timeout, max_hangs=0)
+        self.cells.threads, self.cells.shared, self.cells.deathsig = threads, shared, True
 
     @property
     def pid(self) -> int | None:
-        return self.w.proc.pid if self.w is not None else None
+        w = self.cells.w
+        return w.proc.pid if w is not None else None
 
 
 _CLASS: dict[str, str] = {}
@@ -149,10 +153,10 @@ def run_group(payloads: list[dict], plugins: list[str], device: str, timeout: fl
     finished = False
     try:
         for p in payloads:
-            t = runner.Task(p["operator"], p["backend"], Case.from_json(p["case"]), p["dtype"], p["device"],
+            t = Task(p["operator"], p["backend"], Case.from_json(p["case"]), p["dtype"], p["device"],
                             p.get("seed", 0), p.get("repeats", 2))
             pid = cells.pid
-            cell = cells.run(t)
+            cell = cells.run_one(t)
             cell.worker = f"{where['node_id'][:8]}/{where['worker_id'][:8]}"
             cell.ran_on = {**where, "pid": pid or cells.pid}
             yield cell.to_json()
@@ -211,17 +215,17 @@ def runtime_env(plugins: list[str], root: Path) -> tuple[dict[str, Any], list[st
     return env, specs
 
 
-def gpu_fraction(group: list[runner.Task], peaks: dict, per_gpu: int, gpu_mem_mb: float | None) -> float:
+def gpu_fraction(group: list[Task], peaks: dict, per_gpu: int, gpu_mem_mb: float | None) -> float:
     """num_gpus for a group: the whole GPU unless groups share it (per_gpu > 1); then its recorded need as
-    a fraction of what per_gpu workers leave of the card (runner.MemoryPacker's budget), at least 1/per_gpu,
-    and the whole GPU for a group that needs more than that budget (runner.MemoryPacker.split_oversized)."""
+    a fraction of what per_gpu workers leave of the card (MemoryPacker's budget), at least 1/per_gpu, and
+    the whole GPU for a group that needs more than that budget (MemoryPacker.split_oversized)."""
     if per_gpu <= 1:
         return 1.0
     least = math.floor(1e4 / per_gpu) / 1e4  # Ray counts GPU fractions to 1e-4
     if not gpu_mem_mb:
         return least
-    budget = 0.9 * gpu_mem_mb - per_gpu * runner.CONTEXT_MB
-    need = runner.MemoryPacker(peaks, budget).need(group)
+    budget = 0.9 * gpu_mem_mb - per_gpu * CONTEXT_MB
+    need = MemoryPacker(peaks, budget).need(group)
     if budget <= 0 or need > budget:
         return 1.0
     return max(least, min(1.0, math.ceil(need / budget * 1e4) / 1e4))
@@ -229,7 +233,7 @@ def gpu_fraction(group: list[runner.Task], peaks: dict, per_gpu: int, gpu_mem_mb
 
 @dataclass
 class _Submitted:
-    group: list[runner.Task]
+    group: list[Task]
     frac: float
     done: int = 0
     alone: bool = False
@@ -258,7 +262,7 @@ class RayExecutor(Executor):
 
         self.root = REPO_ROOT
         self.pending: dict[Any, _Submitted] = {}
-        self.backlog: list[tuple[list[runner.Task], bool]] = []  # (group, alone) not submitted yet
+        self.backlog: list[tuple[list[Task], bool]] = []  # (group, alone) not submitted yet
         self._started_ray = False
         self._connect()
 
@@ -321,7 +325,7 @@ class RayExecutor(Executor):
             mb = 0.0
         return mb or None
 
-    def _submit(self, group: list[runner.Task], alone: bool = False) -> None:
+    def _submit(self, group: list[Task], alone: bool = False) -> None:
         frac = 1.0 if alone else (gpu_fraction(group, self.peaks, self.per_gpu, self.gpu_mem_mb) if self.cuda
                                   else 0.0)
         device = "cuda" if self.cuda else self.device  # a task sees its own GPU(s) only
@@ -339,7 +343,7 @@ class RayExecutor(Executor):
         n = res.get("GPU", 0) * self.per_gpu if self.cuda else res.get("CPU", 0) // self.cpus_per_task
         return max(1, int(n))
 
-    def _top_up(self, hangs: HangGuard, on_cell: Callable[[CellRecord], None]) -> None:
+    def _top_up(self, hangs: HangGuard, on_cell: OnCell) -> None:
         """Submit groups of the backlog while the cluster has a free slot for them, the cells of a backend
         given up on (hangs.py) reported as TIMEOUT instead: groups wait here rather than in Ray's queue, so
         that the guard still has a say. With max_hangs 0 every group is submitted at once."""
@@ -356,14 +360,11 @@ class RayExecutor(Executor):
             if left:
                 self._submit(left, alone)
 
-    def run(self, tasks: list[runner.Task], on_cell: Callable[[CellRecord], None]) -> None:
+    def run(self, tasks: list[Task], on_cell: OnCell) -> None:
         ray = self.ray
         t_run = time.time()
-        for t in tasks:
-            if t.skip:
-                on_cell(t.failed("SKIP", t.skip))
-        todo = [t for t in tasks if not t.skip]
-        self.backlog = [(g, False) for g in runner.order_groups(todo, self.durations)] if todo else []
+        todo = report_skipped(tasks, on_cell)
+        self.backlog = [(g, False) for g in order_groups(todo, self.durations)] if todo else []
         hangs = HangGuard(self.max_hangs)
 
         def done(cell: CellRecord) -> None:
@@ -387,7 +388,7 @@ class RayExecutor(Executor):
         for w in sorted(elsewhere):
             print(f"warning: {w}", file=sys.stderr)
 
-    def _drain(self, gen: Any, on_cell: Callable[[CellRecord], None], mine: tuple, elsewhere: set[str]) -> None:
+    def _drain(self, gen: Any, on_cell: OnCell, mine: tuple, elsewhere: set[str]) -> None:
         """What a task yielded since the last look: finished cells, its end, or its death."""
         ray = self.ray
         sub = self.pending[gen]
@@ -426,7 +427,7 @@ class RayExecutor(Executor):
                 return
             t = sub.group[sub.done]
             sub.done += 1
-            if self.cuda and sub.frac < 1.0 and not sub.alone and runner.is_oom(cell):
+            if self.cuda and sub.frac < 1.0 and not sub.alone and is_oom(cell):
                 print(f"out of memory on a shared GPU: {t.operator}/{t.backend}/{t.dtype}/{t.case.name} "
                       "(rerun alone)", flush=True)
                 self.backlog.insert(0, ([t], True))

@@ -2,9 +2,11 @@
 
 `harness run` and the pytest plugin both go through a :class:`RunSession`, so that the two front doors
 plan the same cells, write the same reports and bundles, and refuse the same runs. How cells are
-executed is an :class:`Executor`'s business: a pool of local worker processes (:class:`LocalPool`, the
-CLI), one worker running a cell at a time (:class:`SingleWorker`, one pytest item per cell), or later
-an executor over a cluster. Every executor reports each finished cell through the same callback.
+executed is an :class:`Executor`'s business (executor.py): a pool of local worker processes
+(:class:`LocalPool`, the CLI), one worker running a cell at a time (:class:`SingleWorker`, one pytest item
+per cell), or Ray tasks on a cluster (ray_executor.py). Every executor reports each finished cell through
+the same callback. The session names the two local executors too, so that a front door finds here all it
+needs to run a session.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import sys
 import time
 import uuid
 import weakref
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,10 +34,11 @@ from ..render.terminal import terminal_summary
 from ..store import reports
 from ..store.provenance import backend_provenance, device_class, plugin_provenance, run_provenance
 from ..store.reports import DEFAULT_REPORT_ROOT, FolderBusy, FolderLock, ensure_harness_dir
-from . import runner
-from .hangs import DEFAULT_MAX_HANGS
+from . import exit_codes
+from .executor import Executor
+from .exit_codes import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK
+from .plan import Plan, Task, plan
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_TESTED_NOTHING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 def load_plugins(plugins: list[str]) -> None:
     """Every plugin before anything is planned or judged: a plugin's backends and declarations count."""
@@ -72,64 +74,18 @@ class RunRequest:
     elsewhere: dict[str, Any] | None = None
 
 
-class Executor(ABC):
-    """Runs tasks and hands each finished cell to ``on_cell`` (SKIP cells included), in any order."""
-
-    @abstractmethod
-    def run(self, tasks: list[runner.Task], on_cell: Callable[[CellRecord], None]) -> None: ...
-
-    @abstractmethod
-    def close(self) -> None:
-        """Stop whatever the executor started (workers); safe to call twice."""
-
-
-@dataclass
-class LocalPool(Executor):
-    """Worker processes on this machine, one or more per GPU (runner.run): a crash or hang costs one cell."""
-
-    plugins: list[str]
-    workers: int | None = None
-    timeout: float = 300.0
-    durations: dict = field(default_factory=dict)
-    peaks: dict = field(default_factory=dict)
-    stats: dict[str, float] = field(default_factory=dict)
-    max_hangs: int = DEFAULT_MAX_HANGS  # --max-hangs: a backend's TIMEOUTs in a row before it is given up on
-
-    def run(self, tasks: list[runner.Task], on_cell: Callable[[CellRecord], None]) -> None:
-        runner.run(runner.Plan(tasks=tasks), self.plugins, on_cell, workers=self.workers, timeout=self.timeout,
-                   durations=self.durations, stats=self.stats, peaks=self.peaks, max_hangs=self.max_hangs)
-
-    def close(self) -> None:
-        """Nothing outlives run(): runner.run stops its workers before it returns, or on Ctrl-C."""
-
-
-class SingleWorker(Executor):
-    """One persistent worker process running one cell at a time (a pytest item per cell)."""
-
-    def __init__(self, device: str, plugins: list[str], timeout: float = 300.0, gpu: int | None = None,
-                 max_hangs: int = DEFAULT_MAX_HANGS):
-        self.cells = runner.CellExecutor(device, plugins, timeout, gpu=gpu, max_hangs=max_hangs)
-
-    def run(self, tasks: list[runner.Task], on_cell: Callable[[CellRecord], None]) -> None:
-        for t in tasks:
-            on_cell(self.cells.run(t))
-
-    def close(self) -> None:
-        self.cells.close()
-
-
 class RunSession:
     """A checked, planned run: plugins loaded, device checked, cells planned; then cells recorded as they
     finish, the report rendered, bundles saved and the exit code decided, the same way for every front door.
     Construction raises UsageError / CannotRunHere for a request that cannot run as asked."""
 
-    def __init__(self, req: RunRequest, extra_tasks: Callable[[runner.Plan, str], list[runner.Task]] | None = None):
+    def __init__(self, req: RunRequest, extra_tasks: Callable[[Plan, str], list[Task]] | None = None):
         self.req = req
         here = req.elsewhere is None
         self.device = checked_device(req.device) if here else (parsed_device(req.device) or "cpu")
         load_plugins(req.plugins)
         try:
-            self.plan = runner.plan(req.kernels, req.sizes, req.backends, req.dtypes, self.device, req.seed,
+            self.plan = plan(req.kernels, req.sizes, req.backends, req.dtypes, self.device, req.seed,
                                     req.repeats, case_filter=req.case_filter, here=here)
         except (KeyError, ValueError) as e:
             raise UsageError(str(e.args[0]) if e.args else str(e)) from e
@@ -302,12 +258,12 @@ class RunSession:
         return paths
 
     def exit_code(self) -> int:
-        code = runner.exit_code(self.results, self.plan.explicit, self.device_class, self.plugin_backends())
+        code = exit_codes.exit_code(self.results, self.plan.explicit, self.device_class, self.plugin_backends())
         return EXIT_FAIL if code == EXIT_OK and self.regressed() else code
 
     def not_run(self) -> list[str]:
         """Why a run that exits 3 tested nothing (for the terminal)."""
-        return runner.not_run(self.results, self.plan.explicit, self.plugin_backends())
+        return exit_codes.not_run(self.results, self.plan.explicit, self.plugin_backends())
 
     def plugin_backends(self) -> list[str]:
         return sorted({t.backend for t in self.plan.tasks

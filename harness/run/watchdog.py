@@ -2,8 +2,8 @@
 
 Each harness worker runs in a process group of its own (worker.worker_main calls setsid before torch or a
 plugin is imported), so that killing a worker kills what its kernel started with it: :func:`kill_group`.
-A run (runner.run) or a runner.CellExecutor keeps one :class:`Watchdog`: a small process, started on the
-first worker, reading a pipe whose write end only the run's process holds, and told each worker's process
+A local pool (run/pool.py) or a single worker (run/single.py) keeps one :class:`Watchdog`: a small process,
+started on the first worker, reading a pipe whose write end only the run's process holds, and told each worker's process
 group as the worker starts. When the run's process dies by any means, SIGKILL included, the kernel closes
 that write end; the watchdog reads end-of-file and SIGKILLs every group it was told about, whatever the
 workers are doing (a tight Python loop, a blocking C call). The watchdog runs in a session of its own, so

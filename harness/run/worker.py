@@ -1,6 +1,6 @@
 """Worker process: runs cells for one device; a crash or hang costs only the cell in flight.
 
-The parent (runner.py) starts workers with the ``spawn`` method so that environment variables
+The parent (run/processes.py) starts workers with the ``spawn`` method so that environment variables
 (TRITON_INTERPRET for CPU runs, CUDA_VISIBLE_DEVICES for one GPU per worker) are set before torch or
 triton is imported, and so that a dead CUDA context dies with its process.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threads: int,
                 parent: int | None = None) -> None:
-    # Ctrl-C is the parent's: it stops the workers and reports what completed (runner.py spawns this
+    # Ctrl-C is the parent's: it stops the workers and reports what completed (run/processes.py spawns this
     # process with SIGINT and SIGTERM blocked, so none arrives before this line; from here on SIGINT is
     # ignored, and SIGTERM, sent to this process itself, ends it as usual)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -63,7 +63,7 @@ def own_group(parent: int | None) -> None:
     (PR_SET_PDEATHSIG), even where the watchdog was killed with it."""
     try:
         os.setsid()
-    except OSError:  # already a group leader (not as runner.py starts it)
+    except OSError:  # already a group leader (not as run/processes.py starts it)
         pass
     if parent is None or not sys.platform.startswith("linux"):
         return
@@ -79,7 +79,7 @@ def own_group(parent: int | None) -> None:
 
 def _unavailable_here(task: dict, case: Any) -> Any:
     """A SKIP cell for a backend that cannot run on this machine (a package or the GPU missing), or None."""
-    from ..measure.cell import error_cell
+    from ..measure.failures import error_cell
     from ..model.mutant_builds import resolve as resolve_backend
 
     try:
@@ -97,7 +97,9 @@ def _unavailable_here(task: dict, case: Any) -> Any:
 
 def _run(task: dict, case: Any) -> Any:
     """One cell in this process; on a GPU with its memory peaks, and CRASH where it left the context lost."""
-    from ..measure.cell import error_cell, peak_allocated_mb, peak_reserved_mb, reset_peaks, safe_run_cell
+    from ..measure.cell import safe_run_cell
+    from ..measure.device_memory import peak_allocated_mb, peak_reserved_mb, reset_peaks
+    from ..measure.failures import error_cell
     from ..model import registry
     from ..model.mutant_builds import resolve as resolve_backend
     from ..model.records import Status

@@ -30,7 +30,7 @@ from ..measure.oracle import gen_grad_outputs, gen_inputs, output_contract, refe
 from ..model.registry import Backend
 from ..model.spec import Case, OperatorSpec, dtype_of
 from ..model.twins import GRAD, eligible
-from ..run.runner import plan
+from ..run.plan import plan
 
 Tensor = torch.Tensor
 

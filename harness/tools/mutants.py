@@ -15,8 +15,9 @@ from ..measure.localize import matches
 from ..model import registry
 from ..model.mutant_builds import MutantError, check_edits
 from ..model.records import CellRecord
-from ..model.spec import Expectation
-from ..run import runner
+from ..model.spec import Expectation, Mutant
+from ..run.plan import Task, plan
+from ..run.pool import LocalPool
 from ..store.provenance import device_class, run_provenance
 from ..store.reports import atomic_write
 
@@ -81,14 +82,10 @@ def run_zoo(
     only: list[str] | None = None,
     progress: bool = True,
 ) -> int:
-
-    ops = registry.resolve_kernels(kernels)
-    zoo = [m for m in registry.mutants() if m.operator in ops and (not only or m.id in only)]
-    for m in [m for m in zoo if m.compare_only]:
-        # inside the verdict's bound by design: caught by `harness run --compare REF`, not by a verdict
-        print(f"{m.id}: compare-only (a defect inside the bound; `harness run --backend mutant:{m.id} --compare "
-              f"REF` catches it), not counted")
-    zoo = [m for m in zoo if not m.compare_only]
+    """Run each mutant and its unmutated control on the mutant's cases, score the catches, print the table
+    and write ``mutants.md`` / ``mutants.json``; 0 when every counted mutant was caught, 1 if not, 2 for an
+    unknown mutant in ``only``."""
+    zoo = _counted_mutants(registry.resolve_kernels(kernels), only)
     if only:
         unknown = set(only) - {m.id for m in zoo}
         if unknown:
@@ -98,91 +95,138 @@ def run_zoo(
                 file=sys.stderr,
             )
             return 2
+    rows, tasks, index = _plan_zoo(zoo, device)
+    t0 = time.time()
+    results = _run_cells(tasks, index, timeout)
+    failed_to_plan = {r["mutant"] for r in rows}
+    rows += [_score(m, results) for m in zoo if m.id not in failed_to_plan]
+    ran = [r for r in rows if r["status"] in ("CAUGHT", "MISSED", "ERROR")]
+    caught = [r for r in rows if r["status"] == "CAUGHT"]
+    score = len(caught) / len(ran) if ran else 1.0
+    skipped = sum(r["status"] == "SKIP" for r in rows)
+    print("\n".join(_table(rows) + [
+        f"mutation score: {len(caught)}/{len(ran)} caught ({score:.0%}); "
+        f"{skipped} skipped (backend cannot run here); {time.time() - t0:.0f} s"
+    ]))
+    _write_reports(rows, len(caught), len(ran), score, skipped, device, report_dir)
+    return 0 if len(caught) == len(ran) else 1
+
+
+def _counted_mutants(ops: list[str], only: list[str] | None) -> list[Mutant]:
+    """The zoo's mutants of these operators (those named in ``only``), less the compare-only ones, which are
+    named and not counted."""
+    zoo = [m for m in registry.mutants() if m.operator in ops and (not only or m.id in only)]
+    for m in [m for m in zoo if m.compare_only]:
+        # inside the verdict's bound by design: caught by `harness run --compare REF`, not by a verdict
+        print(f"{m.id}: compare-only (a defect inside the bound; `harness run --backend mutant:{m.id} --compare "
+              f"REF` catches it), not counted")
+    return [m for m in zoo if not m.compare_only]
+
+
+def _plan_zoo(zoo: list[Mutant], device: str) -> tuple[list[dict[str, Any]], list[Task], list[tuple]]:
+    """The ERROR rows of mutants whose edits do not apply or that cannot be planned, the tasks of the others
+    (each expectation's case for the mutant and for its unmutated control), and each task's (mutant id,
+    expectation index, backend)."""
     rows: list[dict[str, Any]] = []
-    tasks, index = [], []
+    tasks: list[Task] = []
+    index: list[tuple] = []
     for m in zoo:
         problems = check_edits(m)
         if problems:
             rows.append({"mutant": m.id, "status": "ERROR", "detail": "; ".join(problems), "m": m})
             continue
-        plan_ok = True
-        for j, exp in enumerate(m.expect):
-            for backend in (f"mutant:{m.id}", m.backend):  # the mutant, and its unmutated control
-                try:
-                    p = runner.plan(
-                        [m.operator], "smoke", [backend], [exp.dtype], device, repeats=1, cases={m.operator: [exp.case]}
-                    )
-                except (KeyError, ValueError, MutantError) as e:
-                    rows.append({"mutant": m.id, "status": "ERROR", "detail": str(e), "m": m})
-                    plan_ok = False
-                    break
-                for t in p.tasks:
-                    tasks.append(t)
-                    index.append((m.id, j, backend))
-            if not plan_ok:
-                break
+        try:
+            for j, exp in enumerate(m.expect):
+                for backend in (f"mutant:{m.id}", m.backend):  # the mutant, and its unmutated control
+                    p = plan([m.operator], "smoke", [backend], [exp.dtype], device, repeats=1,
+                             cases={m.operator: [exp.case]})
+                    tasks += p.tasks
+                    index += [(m.id, j, backend)] * len(p.tasks)
+        except (KeyError, ValueError, MutantError) as e:  # the tasks planned before still run, unscored
+            rows.append({"mutant": m.id, "status": "ERROR", "detail": str(e), "m": m})
+    return rows, tasks, index
+
+
+def _run_cells(tasks: list[Task], index: list[tuple], timeout: float) -> dict[tuple, CellRecord]:
+    """Every task on a local pool of workers (a mutant that crashes or hangs costs its cell only), each cell
+    filed under the (mutant id, expectation index, backend) of its task."""
     results: dict[tuple, CellRecord] = {}
-    t0 = time.time()
-    if tasks:
-        plan = runner.Plan(tasks=tasks)
-        done = runner.run(plan, registry.plugins_loaded(), lambda c: None, timeout=timeout)
-        for c in done:
-            for k, t in zip(index, tasks, strict=True):
-                if t.backend == c.backend and t.case.name == c.case.name and t.dtype == c.dtype:
-                    results[k] = c
-    for m in zoo:
-        if any(r["mutant"] == m.id for r in rows):
+    if not tasks:
+        return results
+    done: list[CellRecord] = []
+    with LocalPool(registry.plugins_loaded(), timeout=timeout) as pool:
+        pool.run(tasks, done.append)
+    for c in done:
+        for k, t in zip(index, tasks, strict=True):
+            if t.backend == c.backend and t.case.name == c.case.name and t.dtype == c.dtype:
+                results[k] = c
+    return results
+
+
+def _score(m: Mutant, results: dict[tuple, CellRecord]) -> dict[str, Any]:
+    """The mutant's row: CAUGHT when every expectation that ran was caught with a passing control, MISSED
+    if not, SKIP when none ran here."""
+    checks, skipped = [], []
+    for j, exp in enumerate(m.expect):
+        cell, control = results.get((m.id, j, f"mutant:{m.id}")), results.get((m.id, j, m.backend))
+        if cell is None or cell.status.value == "SKIP":
+            skipped.append(cell.error or "not run" if cell else "not run")
             continue
-        checks, skipped = [], []
-        for j, exp in enumerate(m.expect):
-            cell, control = results.get((m.id, j, f"mutant:{m.id}")), results.get((m.id, j, m.backend))
-            if cell is None or cell.status.value == "SKIP":
-                skipped.append(cell.error or "not run" if cell else "not run")
-                continue
-            caught, problems, shown = judge_expectation(exp, cell)
-            control_ok = control is not None and judge_cell(control).shown == "PASS"
-            if control is not None and not control_ok:
-                problems.append(f"control (unmutated {m.backend}) is {judge_cell(control).shown} on this case")
-                caught = False
-            checks.append(
-                {
-                    "case": exp.case.name,
-                    "dtype": exp.dtype,
-                    "caught": caught and control_ok,
-                    "problems": problems,
-                    "shown": shown,
-                    "status": judge_cell(cell).shown,
-                    "failing": [c.name for c in judge_cell(cell).failed_components],
-                    "hints": sorted({h.cls for c in judge_cell(cell).failed_components for h in c.hints}),
-                }
-            )
-        if not checks:
-            rows.append({"mutant": m.id, "status": "SKIP", "detail": "; ".join(sorted(set(skipped))), "m": m})
-        else:
-            ok = all(c["caught"] for c in checks)
-            rows.append(
-                {
-                    "mutant": m.id,
-                    "status": "CAUGHT" if ok else "MISSED",
-                    "checks": checks,
-                    "m": m,
-                    "detail": "; ".join(p for c in checks for p in c["problems"]),
-                }
-            )
-    ran = [r for r in rows if r["status"] in ("CAUGHT", "MISSED", "ERROR")]
-    caught = [r for r in rows if r["status"] == "CAUGHT"]
-    score = len(caught) / len(ran) if ran else 1.0
+        checks.append(_check(m, exp, cell, control))
+    if not checks:
+        return {"mutant": m.id, "status": "SKIP", "detail": "; ".join(sorted(set(skipped))), "m": m}
+    ok = all(c["caught"] for c in checks)
+    return {
+        "mutant": m.id,
+        "status": "CAUGHT" if ok else "MISSED",
+        "checks": checks,
+        "m": m,
+        "detail": "; ".join(p for c in checks for p in c["problems"]),
+    }
+
+
+def _check(m: Mutant, exp: Expectation, cell: CellRecord, control: CellRecord | None) -> dict[str, Any]:
+    """One expectation's check: caught only where the unmutated control passes the same case."""
+    caught, problems, shown = judge_expectation(exp, cell)
+    control_ok = control is not None and judge_cell(control).shown == "PASS"
+    if control is not None and not control_ok:
+        problems.append(f"control (unmutated {m.backend}) is {judge_cell(control).shown} on this case")
+        caught = False
+    j = judge_cell(cell)
+    return {
+        "case": exp.case.name,
+        "dtype": exp.dtype,
+        "caught": caught and control_ok,
+        "problems": problems,
+        "shown": shown,
+        "status": j.shown,
+        "failing": [c.name for c in j.failed_components],
+        "hints": sorted({h.cls for c in j.failed_components for h in c.hints}),
+    }
+
+
+def _table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [f"{'mutant':<26} {'backend':<22} {'expected':<34} {'result':<7} localization / detail"]
     for r in rows:
         m = r["m"]
         exp = "; ".join(filter(None, [", ".join(e.fail) or (e.status or "") for e in m.expect]))[:34]
         where = "; ".join(c["shown"] for c in r.get("checks", []) if c["shown"]) or r.get("detail", "")
         lines.append(f"{m.id:<26} {m.operator + '/' + m.backend:<22} {exp:<34} {r['status']:<7} {where[:120]}")
-    lines.append(
-        f"mutation score: {len(caught)}/{len(ran)} caught ({score:.0%}); "
-        f"{sum(r['status'] == 'SKIP' for r in rows)} skipped (backend cannot run here); {time.time() - t0:.0f} s"
-    )
-    print("\n".join(lines))
+    return lines
+
+
+def _expected(exp: Expectation | None) -> str:
+    """What the mutant's expectation asks for, as the markdown table shows it."""
+    if exp is None:
+        return ""
+    return (", ".join(exp.fail) + (f" {exp.status}" if exp.status else "")
+            + (f" contracts {','.join(exp.contracts)}" if exp.contracts else "")
+            + (f" hint {exp.hint}" if exp.hint else ""))
+
+
+def _write_reports(rows: list[dict[str, Any]], caught: int, ran: int, score: float, skipped: int, device: str,
+                   report_dir: str) -> None:
+    """``mutants.md`` and ``mutants.json`` in the report folder of this device class."""
     prov = run_provenance(device)
     out = Path(report_dir) / device_class(device)
     md = [
@@ -190,8 +234,7 @@ def run_zoo(
         "",
         f"Commit `{prov['commit']}`, {prov['date']}, {prov['device']}.",
         "",
-        f"**Mutation score: {len(caught)}/{len(ran)} caught ({score:.0%})**; skipped here: "
-        f"{sum(r['status'] == 'SKIP' for r in rows)}.",
+        f"**Mutation score: {caught}/{ran} caught ({score:.0%})**; skipped here: {skipped}.",
         "",
         "| mutant | seed | operator / backend | planted defect | case | expected | result | hints | shown |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -199,35 +242,13 @@ def run_zoo(
     for r in rows:
         m = r["m"]
         for c in r.get("checks", [{"case": "—", "shown": r.get("detail", "")}]):
-            exp = next((e for e in m.expect if e.case.name == c["case"]), None)
-            expected = (
-                (
-                    ", ".join(exp.fail)
-                    + (f" {exp.status}" if exp.status else "")
-                    + (f" contracts {','.join(exp.contracts)}" if exp.contracts else "")
-                    + (f" hint {exp.hint}" if exp.hint else "")
-                )
-                if exp
-                else ""
-            )
+            expected = _expected(next((e for e in m.expect if e.case.name == c["case"]), None))
             md.append(
                 f"| {m.id} | {m.seed} | {m.operator}/{m.backend} | {m.description} | {c['case']} | {expected} | "
                 f"{r['status']} | {', '.join(c.get('hints', []))} | "
                 f"{c.get('shown') or '; '.join(c.get('problems', [])) or r.get('detail', '')} |"
             )
     atomic_write(out / "mutants.md", "\n".join(md) + "\n")
-    atomic_write(
-        out / "mutants.json",
-        json.dumps(
-            {
-                "provenance": prov,
-                "score": score,
-                "caught": len(caught),
-                "ran": len(ran),
-                "rows": [{k: v for k, v in r.items() if k != "m"} for r in rows],
-            },
-            indent=1,
-            default=str,
-        ),
-    )
-    return 0 if len(caught) == len(ran) else 1
+    summary = {"provenance": prov, "score": score, "caught": caught, "ran": ran,
+               "rows": [{k: v for k, v in r.items() if k != "m"} for r in rows]}
+    atomic_write(out / "mutants.json", json.dumps(summary, indent=1, default=str))

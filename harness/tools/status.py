@@ -10,7 +10,7 @@ from ..across.compare import load_saved, mark
 from ..judge.judgement import counts, judge_cell
 from ..model.spec import short_dtype
 from ..store.reports import DEFAULT_REPORT_ROOT, atomic_write, latest_run, load
-from .bench import target_cells
+from .perf_targets import target_cells
 
 
 def _target_lines(root: Path) -> list[str]:

@@ -1,0 +1,71 @@
+"""An operator's declared speed / memory targets (``OperatorSpec.perf_targets``) judged on bench rows, and the
+cells that bench reports and STATUS.md draw of each verdict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..model.spec import PerfTarget, short_dtype
+
+
+def _timed_row(timed: list[dict[str, Any]], backend: str, case: str, dtype: str) -> dict[str, Any] | None:
+    return next((r for r in timed if (r["backend"], r["case"], r["dtype"]) == (backend, case, dtype)), None)
+
+
+def _measured(t: PerfTarget, case: str, timed: list[dict[str, Any]]) -> float | None:
+    """The target's metric on ``case``: the backend's own figure, or its ratio to the ``versus`` backend's;
+    None where either figure is missing (or the divisor is zero)."""
+    mine = _timed_row(timed, t.backend, case, t.dtype)
+    value = mine.get(t.metric) if mine else None
+    if t.versus:
+        theirs = _timed_row(timed, t.versus, case, t.dtype)
+        other = theirs.get(t.metric) if theirs else None
+        value = value / other if value is not None and other else None
+    return value
+
+
+def check_targets(targets: tuple[PerfTarget, ...], rows: list[dict], gpu: bool) -> list[dict]:
+    """Each target on each bench case it names: the measured value and whether it is met (None where the
+    run has no figure for it). Targets describe the GPU bench shapes; a CPU run checks none.
+
+    A target whose backend (or ``versus`` backend) has no row at all on that case and dtype was not benched
+    by this run (``--backend`` or ``--dtype`` left it out): ``absent`` names what is missing, and the report
+    says "not benched" instead of "no figure", which stays for a backend that was benched and gave no
+    figure (it failed, was skipped here, or lacks the metric). `harness bench --backend torch,cuda` on an
+    H200 printed "no figure" beside the table's figures: those were cuda-inplace's targets (issue #41)."""
+    out: list[dict] = []
+    if not gpu:
+        return out
+    timed = [r for r in rows if "fwd_ms" in r]
+    benched = {(r.get("backend"), r.get("case"), r.get("dtype")) for r in rows}
+    for t in targets:
+        cases = [t.case] if t.case else list(dict.fromkeys(r["case"] for r in rows))
+        for case in cases:
+            value = _measured(t, case, timed)
+            check = {"backend": t.backend, "case": case, "dtype": t.dtype, "target": t.describe(),
+                     "measured": value, "met": None if value is None else t.judge(value)}
+            absent = [b for b in (t.backend, t.versus) if b and (b, case, t.dtype) not in benched]
+            if value is None and absent:
+                check["absent"] = absent
+            out.append(check)
+    return out
+
+
+def target_lines(checks: list[dict]) -> list[str]:
+    """The markdown table of check_targets' results (empty without targets)."""
+    if not checks:
+        return []
+    lines = ["| backend | case | dtype | target | measured | |", "|---|---|---|---|---|---|"]
+    for c in checks:
+        lines.append(f"| {c['backend']} | {c['case']} | {short_dtype(c['dtype'])} | {target_cells(c)} |")
+    return lines
+
+
+def target_cells(check: dict) -> str:
+    """'target | measured | met' cells of one check_targets result (bench reports and STATUS.md)."""
+    if check.get("absent"):
+        mark = f"not benched: {' and '.join(check['absent'])} not in this run"
+    else:
+        mark = "no figure" if check["met"] is None else ("✅ met" if check["met"] else "❌ missed")
+    value = "" if check["measured"] is None else format(check["measured"], ".3g")
+    return f"{check['target']} | {value} | {mark}"
