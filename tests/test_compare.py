@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from subprocess_env import inner_pytest_env
 
-from harness.across.compare import CompareError, Reference, compare, match_key, require
+from harness.across.compare import CompareError, Reference, compare, require
 from harness.model import registry
 from harness.model.records import CellRecord
 
@@ -105,7 +105,7 @@ HEADER = {"run_id": "r1", "device_class": "cpu", "versions": {"torch": "2.13.0",
 
 
 def _ref(c: CellRecord, **header) -> Reference:
-    return Reference("REF", {match_key(c): c}, {"r1": {**HEADER, **header}})
+    return Reference("REF", {c.id: c}, {"r1": {**HEADER, **header}})
 
 
 def _scaled(c: CellRecord, name: str, factor: float) -> CellRecord:

@@ -45,7 +45,7 @@ def test_workers_are_told_whether_they_share_a_gpu():
 def test_recorded_durations_start_the_longest_groups_first(tmp_path):
     from harness.measure.failures import error_cell
     from harness.render.report import ReportWriter
-    from harness.store.reports import duration_key, recorded
+    from harness.store.reports import recorded
 
     p = run_plan.plan(["mhc_pre", "softmax_xent"], "smoke", ["golden", "torch"], ["float32"], "cpu")
     groups = run_plan.order_groups(p.tasks, {})
@@ -57,7 +57,7 @@ def test_recorded_durations_start_the_longest_groups_first(tmp_path):
         cell.duration_s = 99.0 if t is slow else 1.0
         w.append(cell)
     durations = recorded(tmp_path / "cpu", ["mhc_pre", "softmax_xent"], ("duration_s",))["duration_s"]
-    assert durations[duration_key(slow.operator, slow.backend, slow.dtype, slow.case.name)] == 99.0
+    assert durations[slow.id] == 99.0
     assert run_plan.order_groups(p.tasks, durations)[0][0] is slow  # the slowest group now goes first
 
 
@@ -74,11 +74,10 @@ def test_a_cell_out_of_memory_on_a_shared_gpu_is_requeued_once_then_run_alone():
 
 
 def test_workers_sharing_a_gpu_start_together_only_groups_that_fit_in_it():
-    from harness.store.reports import duration_key
 
     p = run_plan.plan(["mhc_pre"], "smoke", ["golden"], ["float32"], "cpu")
     big, mid, small = ([t] for t in p.tasks[:3])
-    key = lambda g: duration_key(g[0].operator, g[0].backend, g[0].dtype, g[0].case.name)  # noqa: E731
+    key = lambda g: g[0].id  # noqa: E731
     packer = run_memory.MemoryPacker({key(big): 60_000, key(mid): 30_000, key(small): 1_000}, budget_mb=70_000)
     queue = [big, mid, small]
     assert packer.take(queue, 0) == (big, 60_000)  # nothing on gpu0 yet: the longest group
@@ -116,11 +115,10 @@ def test_a_triton_launch_out_of_memory_counts_as_out_of_memory(monkeypatch):
 
 
 def test_groups_that_need_more_than_a_shared_gpu_leaves_run_alone_without_trying():
-    from harness.store.reports import duration_key
 
     p = run_plan.plan(["mhc_pre"], "smoke", ["golden"], ["float32"], "cpu")
     huge, small = [p.tasks[0]], [p.tasks[1]]
-    key = lambda g: duration_key(g[0].operator, g[0].backend, g[0].dtype, g[0].case.name)  # noqa: E731
+    key = lambda g: g[0].id  # noqa: E731
     packer = run_memory.MemoryPacker({key(huge): 79_000, key(small): 1_000}, budget_mb=67_000)
     queue = [huge, small]
     assert packer.split_oversized(queue) == huge and queue == [small]

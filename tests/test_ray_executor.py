@@ -111,11 +111,11 @@ def test_gpu_fractions_come_from_recorded_peaks():
         return [run_plan.Task("mhc_pre", n, Case("c", {}), "float32", "cuda") for n in names]
 
     g = group("a", "b")
-    peaks = {g[0].record_key(): 3000.0, g[1].record_key(): 9000.0}
+    peaks = {g[0].id: 3000.0, g[1].id: 9000.0}
     assert gpu_fraction(g, peaks, 1, 80_000) == 1.0  # not shared: the whole GPU
     budget = 0.9 * 80_000 - 4 * run_memory.CONTEXT_MB
     assert gpu_fraction(g, peaks, 4, 80_000) == pytest.approx(max(0.25, 9000 / budget), abs=1e-4)
-    big = {g[1].record_key(): 70_000.0}
+    big = {g[1].id: 70_000.0}
     assert gpu_fraction(g, big, 4, 80_000) == 1.0  # more than sharing leaves: alone
     assert gpu_fraction(group("x"), {}, 4, 80_000) == 0.25  # nothing recorded: a quarter (4 per GPU)
     assert gpu_fraction(g, peaks, 3, None) == 0.3333

@@ -293,7 +293,7 @@ def test_a_full_disk_during_a_run_is_one_clear_error_and_keeps_what_was_written(
             "--device", "cpu", "--report", str(tmp_path), "--no-progress"]
     folder = tmp_path / "cpu"
     assert cli.main(args) == 0  # a complete run first
-    first = {c.key for c in load(folder, "mhc_pre")[0]}
+    first = {c.id for c in load(folder, "mhc_pre")[0]}
     capsys.readouterr()
     _third_cell.n = 0
     disk = _FullDisk(monkeypatch, _third_cell)
@@ -306,7 +306,7 @@ def test_a_full_disk_during_a_run_is_one_clear_error_and_keeps_what_was_written(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(pool, "LocalPool", _Instant)
     cells, runs = load(folder, "mhc_pre")  # readable: the earlier run's cells and the two written before
-    assert {c.key for c in cells} == first and len(runs) == 2
+    assert {c.id for c in cells} == first and len(runs) == 2
     assert sum(c.run_id == list(runs)[-1] for c in cells) == 2
     md = (folder / "mhc_pre.md").read_text()  # the report drawn when the run began, whole
     assert f"2 of {len(first)} planned cells of the latest run have no result" not in md
@@ -334,7 +334,7 @@ def test_atomic_write_on_a_full_disk_keeps_the_old_file_and_leaves_no_temporary_
 def test_a_jsonl_with_a_truncated_last_line_loads_every_earlier_cell_and_renders(tmp_path, caplog):
     from harness.measure.failures import error_cell
     from harness.render.report import ReportWriter, render
-    from harness.store.reports import load, planned_key
+    from harness.store.reports import load
 
     s = _session(tmp_path)
     tasks = s.plan.tasks
@@ -357,7 +357,7 @@ def test_a_jsonl_with_a_truncated_last_line_loads_every_earlier_cell_and_renders
     assert folder / "mhc_pre.md" in paths and f"1 of {len(tasks)} planned cells of the latest run have no result" in md
     # a later run appends after the cut line without losing its own header or cells
     w2 = ReportWriter(tmp_path, "cpu", {**s.header, "run_id": "r2", "planned": {"mhc_pre": [
-        planned_key(t.backend, t.dtype, t.case.name) for t in tasks]}})
+        t.id.planned for t in tasks]}})
     w2.begin(["mhc_pre"])
     t = tasks[-1]
     w2.append(error_cell(t.operator, t.backend, t.case, t.dtype, t.device, t.seed, "PASS", ""))

@@ -182,11 +182,11 @@ def test_a_report_mixing_runs_names_them_and_tags_earlier_cells(tmp_path):
     stale = next(line for line in md.splitlines() if "old failure" in line)
     assert "[run at commit" not in fresh and "[run at commit `aaa111`" in stale
     assert "boom" not in md  # the newer result of the same cell replaces it
-    from harness.store.reports import cell_key, compact
+    from harness.store.reports import compact
 
     def state():
         cells, runs = load(tmp_path / "cpu", "mhc_pre")
-        return sorted(cells, key=cell_key), runs
+        return sorted(cells, key=lambda c: c.id), runs
 
     before = state()
     compact(tmp_path / "cpu", "mhc_pre")
@@ -198,13 +198,13 @@ def test_a_case_that_left_the_preset_leaves_the_report(tmp_path):
     from harness.measure.failures import error_cell
     from harness.model.registry import get_operator
     from harness.render.report import ReportWriter
-    from harness.store.reports import load, planned_key
+    from harness.store.reports import load
 
     op = get_operator("mhc_pre")
     a, b = op.cases("smoke", "cpu")[:2]
 
     def run(rid, cases, dtypes, case_filter=None):
-        plan = [planned_key("golden", dt, c.name) for c in cases for dt in dtypes]
+        plan = [f"golden|{dt}|{c.name}" for c in cases for dt in dtypes]  # as a run header lists them
         w = ReportWriter(tmp_path, "cpu", {"run_id": rid, "commit": rid, "sizes": "sweep", "case_filter": case_filter,
                                            "planned": {"mhc_pre": plan}})
         for c in cases:
@@ -225,11 +225,11 @@ def test_a_report_of_a_run_stopped_midway_lists_the_cells_without_a_result(tmp_p
     from harness.measure.failures import error_cell
     from harness.model.registry import get_operator
     from harness.render.report import ReportWriter, render_markdown
-    from harness.store.reports import load, planned_key
+    from harness.store.reports import load
 
     op = get_operator("mhc_pre")
     a, b = op.cases("smoke", "cpu")[:2]
-    planned = [planned_key("golden", dt, c.name) for c in (a, b) for dt in ("float32", "float16")]
+    planned = [f"golden|{dt}|{c.name}" for c in (a, b) for dt in ("float32", "float16")]
     w = ReportWriter(tmp_path, "cpu", {"run_id": "r1", "commit": "aaa111", "date": "2026-01-01 00:00 UTC",
                                        "planned": {"mhc_pre": planned, "softmax_xent": ["x|y|z"]}})
     w.append(error_cell("mhc_pre", "golden", a, "float32", "cpu", 0, "ERROR", "boom"))

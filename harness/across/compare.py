@@ -54,12 +54,6 @@ class Reference:
         return self.runs.get(cell.run_id or "", {})
 
 
-def match_key(cell: CellRecord, backend: str | None = None) -> tuple:
-    """(operator, backend, case name, case parameters, microbatches, dtype, seed) of a cell."""
-    return (cell.operator, backend or cell.backend, cell.case.name, json.dumps(cell.case.params, sort_keys=True),
-            cell.case.microbatches, cell.dtype, cell.seed)
-
-
 def compared_as(cell: CellRecord) -> str:
     """The backend whose earlier cells this one is compared with: a mutant's is the backend it mutates."""
 
@@ -103,7 +97,7 @@ def load_reference(ref: str, device_class: str, operators: list[str], repo: Path
 def _add(out: Reference, cells: list[CellRecord], runs: dict[str, dict]) -> None:
     out.runs.update(runs)
     for c in cells:
-        out.cells[match_key(c)] = c
+        out.cells[c.id] = c
 
 
 def _git_show(rev: str, path: str, repo: Path | None) -> str | None:
@@ -250,7 +244,7 @@ def compare(cells: list[CellRecord], header: dict, reference: Reference, fail: f
     for c in cells:
         if not c.status.ran:
             continue
-        ref = reference.cells.get(match_key(c, compared_as(c)))
+        ref = reference.cells.get(c.id.under(compared_as(c)))
         out.cells.append(compare_cell(c, ref, header, reference.header(ref) if ref else {}, fail, dc))
     return out
 
@@ -305,7 +299,7 @@ def load_saved(dir_: Path, op: str, cells: list[CellRecord], runs: dict[str, dic
     reference = Reference(saved["ref"], runs=saved.get("ref_runs", {}))
     for d in saved.get("ref_cells", []):
         r = CellRecord.from_json(d)
-        reference.cells[match_key(r)] = r
+        reference.cells[r.id] = r
     mine = [c for c in cells if c.run_id == saved["run_id"]]
     out = compare(mine, header, reference, saved.get("fail", DEFAULT_FAIL), saved.get("accepted", False))
     out.ref_commits = saved.get("ref_commits", out.ref_commits)

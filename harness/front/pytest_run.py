@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from ..across.compare import compare_cell, compared_as, match_key
+from ..across.compare import compare_cell, compared_as
 from ..across.repro import save_bundle
 from ..model import registry
 from ..model.devices import checked_device
@@ -122,7 +122,7 @@ class PytestRun:
         ref = self.session.reference
         if ref is None:
             return None
-        old = ref.cells.get(match_key(cell, compared_as(cell)))
+        old = ref.cells.get(cell.id.under(compared_as(cell)))
         return compare_cell(cell, old, self.session.header, ref.header(old) if old else {},
                             self.session.req.compare_fail, self.session.device_class)
 

@@ -5,7 +5,6 @@ terminal's summary and the repro bundles (harness/front/run_summary.py)."""
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import signal
 import sys
@@ -20,7 +19,7 @@ from ..judge.judgement import judge_cell
 from ..model import registry
 from ..model.devices import parsed_device
 from ..model.errors import UsageError
-from ..model.records import CellRecord
+from ..model.records import CellId, CellRecord
 from ..model.spec import as_list
 from ..model.strategies import sample_cases
 from ..run import pool as run_pool
@@ -199,22 +198,16 @@ def resume(tasks: list[Task], dir_: Path | None, commit: str) -> tuple[list[Task
     if not commit or commit == "unknown" or commit.endswith("+dirty"):
         raise UsageError(f"--resume: the checkout is at {commit!r}; results can only be reused from a clean "
                          "commit (commit the change, or set HARNESS_COMMIT where the tree has no .git)")
-    done: set[tuple] = set()
+    done: set[CellId] = set()
     used: set[str] = set()
     for op in sorted({t.operator for t in tasks}):
         cells, runs = reports.load(dir_, op)
         for c in cells:
             # a cell not run because its backend hung before is no result: a resumed run tries it
             if runs.get(c.run_id or "", {}).get("commit") == commit and not HangGuard.is_stand_in(c):
-                done.add(c.key)
+                done.add(c.id)
                 used.add(c.run_id or "")
-    left = []
-    for t in tasks:
-        case = json.loads(json.dumps(t.case.to_json(), default=str))  # as the report stores it
-        key = (t.backend, t.dtype, case["name"], json.dumps(case["params"], sort_keys=True),
-               case.get("microbatches", 0))
-        if key not in done:
-            left.append(t)
+    left = [t for t in tasks if t.id not in done]
     print(f"--resume: {len(tasks) - len(left)} of {len(tasks)} cells already have a result at commit {commit}; "
           f"running {len(left)}")
     return left, sorted(used)

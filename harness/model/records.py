@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
 from typing import Any
 
@@ -34,6 +34,35 @@ PROFILE_FROM_RATIO = 0.5
 # what only a person or a coarse rule reads (profiles, cosines, fitted scales)
 VERDICT_DIGITS = 7
 READ_DIGITS = 4
+
+
+@dataclass(frozen=True, order=True)
+class CellId:
+    """Which cell a task, a record, a resumed run, a comparison or a repro bundle is about: one identity, one
+    key. The device class is the report folder's (a folder holds one class's records), so it is not repeated.
+    Two cases of one name with other parameters or microbatches are two cells, as are two seeds."""
+
+    operator: str
+    backend: str
+    dtype: str
+    case: str
+    params: str  # the case's parameters as canonical JSON, as the report stores them
+    microbatches: int
+    seed: int
+
+    @classmethod
+    def of(cls, operator: str, backend: str, dtype: str, case: Case, seed: int) -> CellId:
+        return cls(operator, backend, dtype, case.name, json.dumps(case.params, sort_keys=True, default=str),
+                   case.microbatches or 0, seed)
+
+    def under(self, backend: str) -> CellId:
+        """The same cell of another backend (a mutant is compared with the backend it mutates)."""
+        return replace(self, backend=backend)
+
+    @property
+    def planned(self) -> str:
+        """The cell as a run's header lists its planned cells in the JSONL: backend, dtype and case name."""
+        return f"{self.backend}|{self.dtype}|{self.case}"
 
 
 class Status(str, Enum):
@@ -303,11 +332,8 @@ class CellRecord:
         return next((c for c in self.components if c.name == name), None)
 
     @property
-    def key(self) -> tuple:
-        """A cell across runs: the same backend, dtype, case (name and parameters)."""
-
-        return (self.backend, self.dtype, self.case.name, json.dumps(self.case.params, sort_keys=True),
-                self.case.microbatches)
+    def id(self) -> CellId:
+        return CellId.of(self.operator, self.backend, self.dtype, self.case, self.seed)
 
     def to_json(self) -> dict:
         d: dict[str, Any] = {"schema": self.schema, "operator": self.operator, "backend": self.backend,

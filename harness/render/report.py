@@ -28,7 +28,6 @@ from ..store.reports import (
     atomic_write,
     latest_run,
     load,
-    planned_key_of,
     record_line,
 )
 from .terminal import fmt
@@ -168,11 +167,11 @@ def _plugins_note(run: dict) -> str:
 
 
 def missing_cells(cells: list[CellRecord], latest: dict) -> tuple[list[str], list[str]]:
-    """The latest run's planned cells (planned_key) and those of them without a result."""
+    """The latest run's planned cells (CellId.planned) and those of them without a result."""
     planned = latest.get("planned") or []
     # a --resume run counts the results it reused from the runs it resumed
     mine = {latest.get("run_id"), *latest.get("resumes", [])}
-    done = {planned_key_of(c) for c in cells if c.run_id in mine}
+    done = {c.id.planned for c in cells if c.run_id in mine}
     return planned, [k for k in planned if k not in done]
 
 
@@ -237,7 +236,7 @@ def _failures_section(judged: list[CellJudgement], runs: dict[str, dict], main_i
         lines.append(f"- **{c.backend} / {c.dtype} / {c.case.name}**: {j.shown}{sev}"
                      + (f" — {c.error.splitlines()[0][:300]}" if c.error else "") + _earlier(c, runs, main_id))
         for comp in j.failed_components:
-            img = heat.get((c.key, comp.name))
+            img = heat.get((c.id, comp.name))
             lines.append(f"  - `{comp.name}` {comp.verdict.verdict}: {comp.reason}"
                          + (f"; where: {comp.where}" if comp.where else "")
                          + (f"; hint: {comp.hint_text()}" if comp.hints else "")
@@ -385,12 +384,12 @@ def heatmaps(dir_: Path, op: str, judged: list[CellJudgement], draw: bool = True
             xlabel = f"{g['axes'][1]} (blocks of {g['block'][1]})"
             title = f"{comp.name} max |error| — {c.backend} {c.dtype} {c.case.name}"[:80]
             path = img / f"{name}.png"
-            out[(c.key, comp.name)] = f"img/{name}.png"
+            out[(c.id, comp.name)] = f"img/{name}.png"
             # a picture costs ~0.5 s; one whose data has not changed since it was drawn is kept
             digest = hashlib.sha256(json.dumps([vals, ylabel, xlabel, title]).encode()).hexdigest()[:16]
             if _png_digest(path) != digest:
                 if not draw:
-                    del out[(c.key, comp.name)]
+                    del out[(c.id, comp.name)]
                     continue
                 jobs.append((str(path), vals, ylabel, xlabel, title, digest))
     if not draw:
@@ -451,7 +450,7 @@ def render(dir_: Path, op: str, pending: dict | None = None, pictures: bool = Tr
     ``pictures=False``: no heatmap drawn or removed (heatmaps)."""
     cells, runs = load(dir_, op)
     if pending is not None:
-        by_key = {c.key: c for c in cells}
+        by_key = {c.id: c for c in cells}
         add_run(by_key, runs, pending)
         cells = list(by_key.values())
     if not cells and not runs:

@@ -46,7 +46,7 @@ class MemoryPacker:
         self.held: dict[int | None, float] = {}
 
     def need(self, group: list[Task]) -> float:
-        return max((self.peaks.get(t.record_key(), 0.0) for t in group), default=0.0)
+        return max((self.peaks.get(t.id, 0.0) for t in group), default=0.0)
 
     def take(self, queue: list[list[Task]], gpu: int | None) -> tuple[list[Task], float] | None:
         if not queue:
@@ -76,7 +76,7 @@ class MemoryPacker:
         """What the cell held when it ran out, plus the allocation that failed (from torch's message)."""
         m = re.search(r"Tried to allocate ([0-9.]+) (GiB|MiB)", cell.error)
         tried = float(m.group(1)) * (1024 if m.group(2) == "GiB" else 1) if m else 0.0
-        key = t.record_key()
+        key = t.id
         self.peaks[key] = max(self.peaks.get(key, 0.0), float(cell.peak_mem_mb or 0.0) + tried)
 
 

@@ -13,11 +13,10 @@ from typing import Any
 from ..measure.failures import error_cell
 from ..model import registry
 from ..model.mutant_builds import resolve as resolve_backend
-from ..model.records import CellRecord
+from ..model.records import CellId, CellRecord
 from ..model.registry import Backend
 from ..model.skips import Candidate, skip_for
 from ..model.spec import Case, dtype_name, dtype_of
-from ..store.reports import duration_key
 
 
 @dataclass
@@ -33,10 +32,9 @@ class Task:
     skip_kind: str = ""  # "unavailable" (backend cannot run here) or "unsupported" (this cell only): model/skips.py
     oom_tries: int = 0  # times this cell ran out of memory on a shared GPU
 
-    def record_key(self) -> tuple[str, str]:
-        """This cell's key in the report's records of earlier runs (report.recorded)."""
-
-        return duration_key(self.operator, self.backend, self.dtype, self.case.name)
+    @property
+    def id(self) -> CellId:
+        return CellId.of(self.operator, self.backend, self.dtype, self.case, self.seed)
 
     def failed(self, status: str, message: str) -> CellRecord:
         """The cell for this task when it produced no result of its own (SKIP, TIMEOUT, CRASH, ...)."""
@@ -151,7 +149,7 @@ def order_groups(todo: list[Task], durations: dict[tuple[str, str], float]) -> l
         typical = known[len(known) // 2]
 
         def cost(g: list[Task]) -> float:
-            return sum(durations.get(t.record_key(), typical) for t in g)
+            return sum(durations.get(t.id, typical) for t in g)
 
         return sorted(groups.values(), key=cost, reverse=True)  # stable: ties keep the plan's order
     by_op: dict[str, list[list[Task]]] = {}

@@ -31,7 +31,6 @@ from ..model.mutant_builds import resolve as resolve_backend
 from ..model.records import CellRecord
 from ..render.report import ReportWriter
 from ..render.terminal import terminal_summary
-from ..store import reports
 from ..store.provenance import backend_provenance, device_class, plugin_provenance, run_provenance
 from ..store.reports import DEFAULT_REPORT_ROOT, FolderBusy, FolderLock, ensure_harness_dir
 from . import exit_codes
@@ -126,7 +125,7 @@ class RunSession:
         # the cells this run means to produce, per operator: a report of a run stopped midway lists the rest
         h["planned"] = {}
         for t in self.plan.tasks:
-            h["planned"].setdefault(t.operator, []).append(reports.planned_key(t.backend, t.dtype, t.case.name))
+            h["planned"].setdefault(t.operator, []).append(t.id.planned)
         return h
 
     def _reference(self) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..judge.judgement import rules_for
 from ..judge.verdict import verdict_of
-from ..model.records import PROFILE_FROM_RATIO, CellRecord
+from ..model.records import PROFILE_FROM_RATIO, CellId, CellRecord
 
 log = logging.getLogger("harness")
 
@@ -211,27 +211,9 @@ def _holder(fd: int) -> dict[str, Any]:
     return d if isinstance(d, dict) else {}
 
 
-def cell_key(c: CellRecord) -> tuple:
-    return c.key
-
-
-def planned_key(backend: str, dtype: str, case_name: str) -> str:
-    return f"{backend}|{dtype}|{case_name}"
-
-
-def planned_key_of(c: CellRecord) -> str:
-    """planned_key of a stored cell."""
-    return planned_key(c.backend, c.dtype, c.case.name)
-
-
-def duration_key(op: str, backend: str, dtype: str, case_name: str) -> tuple[str, str]:
-    """Key of recorded(): a cell across operators (two may share backend, dtype and case name)."""
-    return op, planned_key(backend, dtype, case_name)
-
-
 def load(dir_: Path, op: str) -> tuple[list[CellRecord], dict[str, dict]]:
     """The latest record of each cell (records of any schema version) and the run records."""
-    cells: dict[tuple, CellRecord] = {}
+    cells: dict[CellId, CellRecord] = {}
     runs: dict[str, dict] = {}
     p = dir_ / f"{op}.jsonl"
     if not p.exists():
@@ -250,7 +232,7 @@ def load(dir_: Path, op: str) -> tuple[list[CellRecord], dict[str, dict]]:
             add_run(cells, runs, d["run"])
         else:
             rec = CellRecord.from_json(d)
-            cells[rec.key] = rec
+            cells[rec.id] = rec
     return list(cells.values()), runs
 
 
@@ -266,13 +248,13 @@ def _warn_cut(p: Path, n: int, line: str) -> None:
                     "killed run or a full disk)", p, n, len(line))
 
 
-def add_run(cells: dict[tuple, CellRecord], runs: dict[str, dict], run: dict) -> None:
+def add_run(cells: dict[CellId, CellRecord], runs: dict[str, dict], run: dict) -> None:
     """A run record read after ``cells``; the cells it drops from their preset go (_drop_unplanned)."""
     runs[run.get("run_id", "?")] = run
     _drop_unplanned(cells, runs, run)
 
 
-def _drop_unplanned(cells: dict[tuple, CellRecord], runs: dict[str, dict], new: dict) -> None:
+def _drop_unplanned(cells: dict[CellId, CellRecord], runs: dict[str, dict], new: dict) -> None:
     """A later run of the same size preset that plans a (backend, dtype) without one of its earlier
     cases supersedes that cell: the case left the preset (e.g. moved to ``full``), and its old result
     would otherwise stand in the report, and in STATUS, for good. Runs of other presets, subsets of
@@ -287,7 +269,7 @@ def _drop_unplanned(cells: dict[tuple, CellRecord], runs: dict[str, dict], new: 
         old = runs.get(c.run_id, {})
         if old is new or old.get("sizes") != new.get("sizes") or (c.backend, c.dtype) not in pairs:
             continue
-        if planned_key_of(c) not in keep:
+        if c.id.planned not in keep:
             del cells[key]
 
 
@@ -332,13 +314,13 @@ def _stored(c: CellRecord) -> CellRecord:
     return c
 
 
-def recorded(dir_: Path, operators: list[str], fields: tuple[str, ...]) -> dict[str, dict[tuple[str, str], float]]:
-    """Numeric fields (``duration_s``, ``peak_mem_mb``) per cell (duration_key) of each cell's latest
+def recorded(dir_: Path, operators: list[str], fields: tuple[str, ...]) -> dict[str, dict[CellId, float]]:
+    """Numeric fields (``duration_s``, ``peak_mem_mb``) per cell of each cell's latest
     result in this directory, read in one pass: {field: {key: value}}."""
-    out: dict[str, dict[tuple[str, str], float]] = {f: {} for f in fields}
+    out: dict[str, dict[CellId, float]] = {f: {} for f in fields}
     for op in operators:
         for c in load(dir_, op)[0]:
-            key = duration_key(op, c.backend, c.dtype, c.case.name)
+            key = c.id
             for f in fields:
                 v = getattr(c, f, None)
                 if isinstance(v, (int, float)):
