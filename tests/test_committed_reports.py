@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from harness.judge.judgement import judge_cell
+from harness.model.records import CellRecord
 from harness.store.reports import load
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
@@ -34,3 +36,19 @@ def test_declared_gaps_cover_only_their_scope():
             g = comp.gap
             assert g is not None and g.covers_component(comp.name), (dc, c.case.name, comp.name)
             assert comp.verdict.kind != "bound" or comp.verdict.worst_ratio <= g.ceiling
+
+
+def test_every_committed_report_re_judges_to_the_verdicts_it_shows():
+    # the verdicts a committed report was rendered with (its .json) are the ones today's judge gives its
+    # records (its .jsonl): moving the harness into layers and the verdict into the judge changed none
+    checked = 0
+    for jsonl in sorted(REPORTS.rglob("*.jsonl")):
+        rendered = jsonl.with_suffix(".json")
+        if not rendered.exists():
+            continue
+        shown = {CellRecord.from_json(c).id: c.get("shown") or c["status"]
+                 for c in json.loads(rendered.read_text())["cells"]}
+        for c in load(jsonl.parent, jsonl.stem)[0]:
+            assert judge_cell(c, device_class=jsonl.parent.name).shown == shown[c.id], (rendered, c.id)
+            checked += 1
+    assert checked > 2000
