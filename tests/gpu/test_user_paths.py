@@ -307,7 +307,7 @@ def test_out_of_memory_on_a_shared_gpu_and_an_illegal_access_cost_their_own_cell
     cells = records(device_class_dir(r), "mhc_pre")
     by: dict[str, set[str]] = {}
     for c in cells:
-        by.setdefault(c["backend"], set()).add(c["status"])
+        by.setdefault(c["backend"], set()).add(c["shown"])
     assert by["golden"] == {"PASS"}, by
     assert by["greedy"] == {"ERROR"}, by
     assert by["illegal-access"] == {"CRASH"}, by
@@ -361,7 +361,7 @@ def test_ray_on_gpu_same_verdicts_as_local_with_a_worker_killed(tmp_path: Path):
         local = harness(*common)  # also records the peaks the Ray run's GPU fractions come from
         assert local.returncode == 0, said(local)
         rdc = device_class_dir(r)
-        verdicts_local = {_key(c): c["status"] for op in ("mhc_pre", "softmax_xent", "fused_linear_xent")
+        verdicts_local = {_key(c): c["shown"] for op in ("mhc_pre", "softmax_xent", "fused_linear_xent")
                           for c in records(rdc, op)}
         rr = tmp_path / "RR"
         for d in (r / rdc.name,):  # the Ray run starts from the local run's records (durations, peaks)
@@ -371,7 +371,7 @@ def test_ray_on_gpu_same_verdicts_as_local_with_a_worker_killed(tmp_path: Path):
         assert on_ray.returncode == 0, said(on_ray)
         ray_cells = [c for op in ("mhc_pre", "softmax_xent", "fused_linear_xent") for c in records(rr / rdc.name, op)
                      if (c.get("ran_on") or {}).get("executor") == "ray"]
-        verdicts_ray = {_key(c): c["status"] for c in ray_cells}
+        verdicts_ray = {_key(c): c["shown"] for c in ray_cells}
         assert verdicts_ray == {k: v for k, v in verdicts_local.items() if k in verdicts_ray}, "verdicts differ"
         assert set(verdicts_ray) == set(verdicts_local)
         nodes = {c["ran_on"]["node_id"] for c in ray_cells if c["status"] != "SKIP"}
