@@ -443,6 +443,16 @@ def _png_digest(path: Path) -> str | None:
     return comment.split(" ", 1)[1] if comment.startswith("harness-digest ") else None
 
 
+def judged_cells(dir_: Path, op: str, cells: list[CellRecord], runs: dict[str, dict]
+                 ) -> tuple[list[CellJudgement], Comparison | None]:
+    """The cells of a report folder as its report shows them: judged under the folder's device class, with
+    the regressions of the comparison saved beside them (--compare) marked."""
+    comparison = load_saved(dir_, op, cells, runs)
+    judged = [judge_cell(c, device_class=dir_.name) for c in cells]
+    mark_regressions(judged, comparison)
+    return judged, comparison
+
+
 def render(dir_: Path, op: str, pending: dict | None = None, pictures: bool = True) -> list[Path]:
     """``op``'s markdown and JSON reports from its JSONL, also where no cell has a result yet (a run that
     has just begun, or was killed before its first cell: the report says so and lists the planned cells).
@@ -455,9 +465,7 @@ def render(dir_: Path, op: str, pending: dict | None = None, pictures: bool = Tr
         cells = list(by_key.values())
     if not cells and not runs:
         return []
-    comparison = load_saved(dir_, op, cells, runs)
-    judged = [judge_cell(c, device_class=dir_.name) for c in cells]
-    mark_regressions(judged, comparison)
+    judged, comparison = judged_cells(dir_, op, cells, runs)
     heat = heatmaps(dir_, op, judged, draw=pictures)
     md, js = dir_ / f"{op}.md", dir_ / f"{op}.json"
     atomic_write(md, render_markdown(op, cells, runs, dir_.name, heat, comparison))
