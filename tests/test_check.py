@@ -344,7 +344,7 @@ def test_a_missing_required_package_keeps_the_backend_from_being_checked():
 def test_a_timeout_names_the_limit():
     registry.discover()
     task = plan(["softmax_xent"], "smoke", ["torch"], ["float32"], "cpu", repeats=1).tasks[0]
-    cell = task.failed("TIMEOUT", "no result after 7 s; worker killed")  # as CellExecutor records it
+    cell = task.failed("TIMEOUT", "no result after 7 s; worker killed")  # as a single worker (CellWorker) records it
     s = check.Subject(registry.get_operator("softmax_xent"), registry.get_backend("softmax_xent", "torch"),
                       (), False, 7.0)
     (f,) = check.explain(cell, s)

@@ -6,8 +6,6 @@ from __future__ import annotations
 from harness.judge.judgement import judge_cell
 from harness.model import registry
 from harness.model.records import CellRecord
-from harness.run import plan as run_plan
-from harness.run import pool as run_pool
 from harness.run.executor import Executor, report_skipped
 from harness.run.plan import Task, plan
 from harness.run.pool import LocalPool
@@ -76,7 +74,3 @@ def test_the_pool_and_the_single_worker_judge_a_cell_alike():
     assert (judge_cell(cell).shown, judge_cell(single).shown) == ("PASS", "PASS")
     assert [c.name for c in cell.components] == [c.name for c in single.components]
     assert [c.max_err for c in cell.components] == [c.max_err for c in single.components]  # same seed, same cell
-    # the old entry point is the pool: the same cells, handed over and returned in order
-    again: list[CellRecord] = []
-    returned = run_pool.run_plan(run_plan.Plan(tasks=[t]), [], again.append, workers=1)
-    assert [judge_cell(c).shown for c in returned] == ["PASS"] and returned == again

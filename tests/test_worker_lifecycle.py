@@ -151,8 +151,8 @@ def _task(backend: str, dtype: str = "float32", case: str = "tiny-n2") -> run_pl
 
 
 def test_a_worker_killed_for_its_timeout_takes_its_kernels_processes(tmp_path: Path, monkeypatch):
-    """run_pool.run_plan kills the worker of a cell that timed out with its process group: the kernel's process is gone
-    before the next cell is handed over; and CellExecutor does the same (before close)."""
+    """The local pool kills the worker of a cell that timed out with its process group: the kernel's process is gone
+    before the next cell is handed over; and a single worker (CellWorker) does the same (before close)."""
     pids = tmp_path / "pids"
     monkeypatch.setenv("LIFECYCLE_PIDS", str(pids))
     seen: list[tuple[str, str, list[bool]]] = []
@@ -161,8 +161,8 @@ def test_a_worker_killed_for_its_timeout_takes_its_kernels_processes(tmp_path: P
         seen.append((cell.backend, judge_cell(cell).shown, [alive(n["child"]) for n in notes(pids)]))
 
     try:
-        plan = run_plan.Plan(tasks=[_task("spawns-hangs", "float32"), _task("golden", "float16")])
-        run_pool.run_plan(plan, [LIFECYCLE], on_cell, workers=1, timeout=4)
+        with run_pool.LocalPool([LIFECYCLE], workers=1, timeout=4) as pool:
+            pool.run([_task("spawns-hangs", "float32"), _task("golden", "float16")], on_cell)
         assert [s[:2] for s in seen] == [("spawns-hangs", "TIMEOUT"), ("golden", "PASS")], seen
         assert seen[1][2] == [False], seen  # the timed-out worker's child was killed with it
 
@@ -209,7 +209,7 @@ def test_a_backend_that_hangs_twice_in_a_row_is_given_up_on(tmp_path: Path):
 
 
 def test_the_pytest_plugins_worker_gives_up_on_a_backend_that_hangs_twice(tmp_path: Path, monkeypatch):
-    """SingleWorker (one pytest item per cell) runs cells through CellExecutor, which asks the same guard."""
+    """SingleWorker (one pytest item per cell) runs cells through its CellWorker, which asks the same guard."""
     from harness.run.single import SingleWorker
 
     pids = tmp_path / "pids"

@@ -20,7 +20,7 @@ from ..model.records import CellRecord, Status
 from .executor import Executor, OnCell, report_skipped
 from .hangs import DEFAULT_MAX_HANGS, HangGuard
 from .memory import MemoryPacker, gpu_budget_mb, requeue_oom
-from .plan import Plan, Task, order_groups
+from .plan import Task, order_groups
 from .processes import WorkerProcess, exit_status
 from .watchdog import Watchdog
 
@@ -240,20 +240,3 @@ class _PoolRun:
         nw = self._start(w.slot, w.gpu)
         nw.group, nw.cells, nw.need = w.group, w.cells, w.need
         self.workers[self.workers.index(w)] = nw
-
-
-def run_plan(p: Plan, plugins: list[str], on_cell: OnCell, workers: int | None = None, timeout: float = 300.0,
-        startup_timeout: float = 600.0, durations: dict | None = None, stats: dict[str, float] | None = None,
-        peaks: dict | None = None, max_hangs: int | HangGuard = DEFAULT_MAX_HANGS) -> list[CellRecord]:
-    """The plan run on a :class:`LocalPool`; every cell handed to ``on_cell`` is also returned, in order."""
-    got: list[CellRecord] = []
-
-    def both(cell: CellRecord) -> None:
-        got.append(cell)
-        on_cell(cell)
-
-    pool = LocalPool(plugins, workers, timeout, dict(durations or {}), dict(peaks or {}),
-                     {} if stats is None else stats, max_hangs, startup_timeout)
-    with pool:
-        pool.run(p.tasks, both)
-    return got
