@@ -29,6 +29,21 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_SHARED = {90: 232448}
 
 
+def rowwise_target(name: str, fn: object, dtype: str, constexprs: dict, warps: int, data: set[str],
+                   unit: tuple[str, ...], aligned: set[str], floats: tuple[str, ...] = ("eps",)) -> dict:
+    """A target of a row-wise kernel whose tensors are named ``*_ptr``: the pointers in ``data`` carry the
+    case dtype (``bf16``, ``fp16``, ``fp32``) and the others float32; the strides in ``unit`` are
+    specialized to 1 (contiguous innermost), the integers in ``aligned`` and every pointer marked divisible
+    by 16, as the JIT finds them for contiguous tensors at production sizes."""
+    names = fn.arg_names  # type: ignore[attr-defined]
+    constexprs = {a: 1 for a in unit if a in names} | constexprs
+    sig = {a: "constexpr" if a in constexprs else (f"*{dtype}" if a in data else "*fp32") if a.endswith("_ptr")
+           else "fp32" if a in floats else "i32" for a in names}
+    marked = [a for a in names if a not in constexprs and (a.endswith("_ptr") or a in aligned)]
+    return {"name": name, "kernel": fn, "signature": sig, "constexprs": constexprs,
+            "options": {"num_warps": warps}, "aligned": marked}
+
+
 def compile_target(target: dict, arch: int = 90) -> object:
     """Compile one target for ``cuda:<arch>`` (warp size 32); returns Triton's compiled kernel."""
     import triton

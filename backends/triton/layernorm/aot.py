@@ -7,10 +7,11 @@ JIT does for contiguous tensors at production sizes (F = 4096).
 
 from __future__ import annotations
 
+from harness.tools.triton_aot import rowwise_target
+
 from . import kernels as K
 from .wrapper import GPU_CONFIG as C
 
-_PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 # pointers that carry x's dtype (w, b, y and the gradients share it); the others are float32
 _DATA = {"x_ptr", "w_ptr", "b_ptr", "y_ptr", "dy_ptr", "dx_ptr", "out_ptr"}
 _UNIT = ("sxf", "sw", "sb", "syf", "sdyf", "sdxf", "so")
@@ -18,18 +19,7 @@ _ALIGNED = {"sxr", "syr", "sdyr", "sdxr", "F"}
 
 
 def _target(name: str, fn, dtype: str, constexprs: dict, warps: int) -> dict:
-    constexprs = {a: 1 for a in _UNIT if a in fn.arg_names} | constexprs
-    sig = {}
-    for a in fn.arg_names:
-        if a in constexprs:
-            sig[a] = "constexpr"
-        elif a.endswith("_ptr"):
-            sig[a] = _PTR[dtype] if a in _DATA else "*fp32"
-        else:
-            sig[a] = "fp32" if a == "eps" else "i32"
-    aligned = [a for a in fn.arg_names if a not in constexprs and (a.endswith("_ptr") or a in _ALIGNED)]
-    return {"name": name, "kernel": fn, "signature": sig, "constexprs": constexprs,
-            "options": {"num_warps": warps}, "aligned": aligned}
+    return rowwise_target(name, fn, dtype, constexprs, warps, _DATA, _UNIT, _ALIGNED)
 
 
 def aot_targets() -> list[dict]:
