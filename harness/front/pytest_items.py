@@ -16,7 +16,7 @@ from ..render.terminal import format_failure
 from ..run.plan import Task
 from ..store.provenance import device_class
 from ..tools.bench import bench_calls, cpu_interpret
-from ..tools.bench_timing import sync_device as _sync
+from ..tools.bench_timing import sync_device
 from .pytest_run import run_session
 
 
@@ -62,7 +62,7 @@ def test_benchmark(harness_bench_cell: tuple, benchmark) -> None:
 
     def once() -> None:
         fn()
-        _sync()
+        sync_device()
 
     benchmark.extra_info.update(operator=op_name, backend=backend, case=case.name, dtype=dtype,
                                 device_class=device_class(device),
