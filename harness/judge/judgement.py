@@ -19,7 +19,7 @@ from ..model import registry
 from ..model.declarations import ContractException, Gap
 from ..model.records import CellRecord, ComponentFigures, ContractResult
 from .diagnose import Hint, hints_for, where
-from .verdict import K_MAX, K_RMS, Verdict, verdict_of
+from .verdict import BOUNDS, K_MAX, K_RMS, Verdict, verdict_of
 
 MARGINAL = 2.0
 SHOWN = ("PASS", "XFAIL", "FAIL", "REGRESSION", "SHAPE", "ERROR", "CRASH", "TIMEOUT", "SKIP")
@@ -158,12 +158,12 @@ def _declared(j: CellJudgement, failed: list[ComponentJudgement], broken: list[C
                 c.verdict.reason
             covered = False
             continue
-        fit = [g for g in mine if (c.verdict.kind == "bound" and c.verdict.worst_ratio <= g.ceiling)
+        fit = [g for g in mine if (c.verdict.kind in BOUNDS and c.verdict.worst_ratio <= g.ceiling)
                or (c.verdict.kind in ("nonfinite", "all-zero") and g.range_errors)]
         if not fit:
             g = max(mine, key=lambda g: g.ceiling)
             c.beyond = (f"beyond its declared gap: {c.verdict.worst_ratio:.3g}x > {g.ceiling:g}x"
-                        if c.verdict.kind == "bound" else
+                        if c.verdict.kind in BOUNDS else
                         f"a declared precision gap does not cover this: {c.verdict.reason}")
             covered = False
             continue
@@ -177,7 +177,7 @@ def _severity(failed: list[ComponentJudgement], broken: list[ContractResult]) ->
         return "gross"
     for c in failed:
         v = c.verdict
-        if v.kind != "bound" or c.beyond or v.worst_ratio > MARGINAL or any(h.structural for h in c.hints):
+        if v.kind not in BOUNDS or c.beyond or v.worst_ratio > MARGINAL or any(h.structural for h in c.hints):
             return "gross"
     return "marginal"
 

@@ -16,6 +16,18 @@ RMS_MIN_NUMEL elements. Over a handful of values (a scalar dalpha, a loss, dtau 
 is one sample of the floor's luck, not a statistic: a correct fp32 reduction in another summation
 order failed it at 1.8x (dalpha.pre, paper init) while its max error was 0.64x of the max bound.
 Such components are judged by the max criterion alone, whose 2u term covers reordering.
+
+The local rule, in addition (docs/design.md, "The local rule"): both criteria above are global, so an error
+confined to one row, head or tile whose values are small against the component's largest hides under them (a
+softmax gradient's max|o| is a target column's, and one row is 1/N of the rms). The component is cut in tiles
+(records.LocalFigures) and each tile's error is taken relative to the tile's own magnitude:
+
+    q_k(t) = (max_t e - a) / max_t |o|        q_r(t) = (max_t |r - o| - a) / max_t |o|
+    PASS iff max_t q_k(t) <= K_MAX * max_t q_r(t) + 2 * eps
+
+that is, the max criterion applied to the error measured in units of each tile's magnitude, the backend's
+worst tile against the floor's worst tile. ``a`` (absolute_floor) is the dtype's absolute resolution: what
+flushing a subnormal or rounding to a 16-bit subnormal costs, which is no error relative to anything.
 """
 
 from __future__ import annotations
@@ -33,10 +45,24 @@ EPS = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 2.0**-23
 K_MAX = 3.0
 K_RMS = 2.0
 RMS_MIN_NUMEL = 16
+# the verdict kinds that are a ratio to a bound: the global criteria's and the local rule's
+BOUNDS = ("bound", "local")
+# a tile of the local rule holds at least this many elements: its maximum is then one of several draws, not one
+LOCAL_MIN_NUMEL = 16
+# float32's smallest normal: below it a flushed subnormal is an absolute error, not a relative one
+_FP32_TINY = 2.0**-126
+_TINY = {torch.bfloat16: 2.0**-126, torch.float16: 2.0**-14, torch.float32: 2.0**-126, torch.float64: 2.0**-1022}
 
 
 def eps_of(dtype: torch.dtype) -> float:
     return EPS.get(dtype, 2.0**-23)
+
+
+def absolute_floor(dtype: torch.dtype) -> float:
+    """The local rule's absolute allowance ``a`` for a component of this dtype: twice the larger of float32's
+    smallest normal (an intermediate flushed to zero) and the dtype's subnormal spacing (a 16-bit result
+    rounded among subnormals)."""
+    return 2 * max(_FP32_TINY, _TINY.get(dtype, _FP32_TINY) * eps_of(dtype))
 
 
 @dataclass(frozen=True)
@@ -69,6 +95,7 @@ def _dt(dtype: torch.dtype) -> str:
 
 
 EPS_BY_NAME = {_dt(k): v for k, v in EPS.items()}
+DTYPE_BY_NAME = {_dt(k): k for k in EPS}
 
 
 def transposed(fig: ComponentFigures) -> str:
@@ -100,6 +127,7 @@ class Verdict:
     tol_rms: float = 0.0
     ratio_max: float = 0.0
     ratio_rms: float = 0.0
+    ratio_local: float = 0.0
     rms_applies: bool = True
     figures: ComponentFigures | None = None
 
@@ -108,8 +136,13 @@ class Verdict:
         return self.verdict != "PASS"
 
     @property
-    def worst_ratio(self) -> float:
+    def global_ratio(self) -> float:
+        """The worst ratio of the two global criteria (what decides whether profiles are kept)."""
         return max(self.ratio_max, self.ratio_rms if self.rms_applies else 0.0)
+
+    @property
+    def worst_ratio(self) -> float:
+        return max(self.global_ratio, self.ratio_local)
 
     @property
     def cosine(self) -> float:
@@ -120,6 +153,36 @@ def bounds(fig: ComponentFigures, k_max: float = K_MAX, k_rms: float = K_RMS) ->
     """(tol_max, tol_rms) of a component: what a careful float32 kernel achieves, with room."""
     eps = EPS_BY_NAME.get(fig.dtype, 2.0**-23)
     return k_max * fig.floor_max + 2 * eps * fig.oracle_max, k_rms * fig.floor_rms + 0.5 * eps * fig.oracle_rms
+
+
+def local_ratio(fig: ComponentFigures, k_max: float = K_MAX) -> float:
+    """The local rule's ratio (module docstring): the backend's worst tile-relative error over its bound; 0
+    where the record has no local figures, or where the floor itself errs in a tile whose oracle is zero
+    throughout (no yardstick there)."""
+    loc = fig.local
+    if loc is None or loc.tiles < 2 or not math.isfinite(loc.floor):
+        return 0.0  # one tile is the whole component: the global max criterion judges it, with every floor draw
+    return _ratio(loc.err, k_max * local_floor(fig) + 2 * EPS_BY_NAME.get(fig.dtype, 2.0**-23))
+
+
+def local_floor(fig: ComponentFigures) -> float:
+    """The floor's worst tile-relative error: the worst tile of the floor draw kept per tile, or the worst
+    draw's largest error relative to the component's largest |o| where that is more (it is never less
+    than its own tile's relative error, so this only counts the draws that are kept as figures)."""
+    assert fig.local is not None
+    a = absolute_floor(DTYPE_BY_NAME.get(fig.dtype, torch.float32))
+    whole = max(fig.floor_max - a, 0.0) / fig.oracle_max if fig.oracle_max > 0 else 0.0
+    return max(fig.local.floor, whole)
+
+
+def local_reason(fig: ComponentFigures, ratio: float, k_max: float = K_MAX) -> str:
+    loc = fig.local
+    assert loc is not None
+    tile = loc.tile_text()
+    if not math.isfinite(loc.err):
+        return f"error local to {tile}, where the oracle is zero throughout"
+    return (f"error local to {tile}: {loc.err:.3g} of the tile's largest |oracle|, {ratio:.3g}x the local bound "
+            f"({k_max:g}x the floor's worst tile, {local_floor(fig):.3g}, + 2 eps)")
 
 
 def _ratio(x: float, tol: float) -> float:
@@ -137,6 +200,7 @@ def verdict_of(fig: ComponentFigures, k_max: float = K_MAX, k_rms: float = K_RMS
                 ratio_rms=_ratio(fig.rms_excess, tol_rms), rms_applies=fig.numel >= RMS_MIN_NUMEL, figures=fig)
     if not v.rms_applies:
         v.ratio_rms = 0.0  # not a statistic at this size (see the module docstring)
+    v.ratio_local = local_ratio(fig, k_max)
     if fig.mismatch:
         v.verdict, v.kind = "FAIL", "nonfinite"
         v.reason = (f"non-finite at {fig.mismatch} position(s) where the oracle differs"
@@ -147,4 +211,6 @@ def verdict_of(fig: ComponentFigures, k_max: float = K_MAX, k_rms: float = K_RMS
         which = [(w, r) for w, r in (("max", v.ratio_max), ("rms", v.ratio_rms)) if r > 1]
         v.verdict, v.kind = "FAIL", "bound"
         v.reason = " and ".join(f"{w} error {r:.3g}x its bound" for w, r in which)
+    elif v.ratio_local > 1:
+        v.verdict, v.kind, v.reason = "FAIL", "local", local_reason(fig, v.ratio_local, k_max)
     return v

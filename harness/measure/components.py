@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..judge.verdict import transposed, verdict_of
+from ..judge.verdict import absolute_floor, transposed, verdict_of
 from ..model.records import CellRecord, ComponentFigures, Status
 from ..model.registry import Backend
 from ..model.spec import Case, OperatorSpec
@@ -84,9 +84,12 @@ def measure_all(op: OperatorSpec, backend: Backend, case: Case, ref: dict, got: 
         rv = floor_samples(ref, comp, case.params)
         fig, e = measure(comp.name, kv, ov, rv, contract, extra.get(comp.name), op.k_max, op.k_rms)
         fig.poisoned = comp.source in got.get("poisoned", ())
+        floor_err = rv[0] if rv and isinstance(rv[0], Tensor) else None
+        if e is not None:
+            fig.local = loc.local_figures(e, absolute_floor(contract), floor_err, ov.detach().double(), comp.axes,
+                                          backend.blocks, case.params)
         v = verdict_of(fig, op.k_max, op.k_rms)
         if e is not None and wants_profiles(v):
-            floor_err = rv[0] if rv and isinstance(rv[0], Tensor) else None
             fig.slices = loc.profiles(e, kv, ov, floor_err, comp.axes, backend.blocks, case.params)
             fig.first_bad, fig.worst = loc.first_and_worst(e, v.tol_max)
             if v.failed:

@@ -166,7 +166,7 @@ def wants_profiles(v: Verdict) -> bool:
     """Are a component's per-slice profiles and positions kept? Only near or past its bound: a diagnosis
     needs them on failing components, and every component's made the committed reports too large
     (docs/design.md, "The records")."""
-    return v.failed or v.worst_ratio > PROFILE_FROM_RATIO
+    return v.failed or v.global_ratio > PROFILE_FROM_RATIO
 
 
 def reduce_whole(c: Compared, samples: list[Tensor], summaries: list[FloorSummary]) -> Reduced:

@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from ..model.records import MAX_BUCKETS, SliceProfile
+from ..judge.verdict import LOCAL_MIN_NUMEL
+from ..model.records import MAX_BUCKETS, LocalFigures, SliceProfile
 from ..model.spec import Axis
 
 Tensor = torch.Tensor
@@ -222,3 +223,111 @@ def grid_record(a: Axis, b: Axis, sizes: list[int], values: Tensor) -> dict[str,
     """The heatmap as a record keeps it (ComponentFigures.grid), from its blocks' maxima of the excess error
     along axes ``a`` and ``b`` (blocks of ``sizes``), whole (grid) or gathered chunk by chunk."""
     return {"axes": [a.name, b.name], "block": sizes, "values": [[float(v) for v in row] for row in values.tolist()]}
+
+
+# ---- the local rule's tiles (harness/judge/verdict.py, "The local rule") ------------------------------------
+
+def local_layout(shape: tuple[int, ...], axes: tuple[Axis, ...], blocks: dict[str, int], params: dict
+                 ) -> tuple[list[Axis], list[int]] | None:
+    """How the local rule cuts a component of this shape: its two axes with the most slices on different
+    dimensions (or its one axis), in dimension order, at their block sizes, each doubled (the one with more
+    blocks first) until a tile holds LOCAL_MIN_NUMEL elements; None for a component without axes."""
+    cand = [(ax, min(block_size(ax, blocks, params), shape[ax.dim])) for ax in axes if ax.dim < len(shape)]
+    cand = [(ax, max(size, 1)) for ax, size in cand if shape[ax.dim] > 0]
+    cand.sort(key=lambda c: -(-shape[c[0].dim] // c[1]))
+    pick: list[tuple[Axis, int]] = []
+    for ax, size in cand:
+        if all(ax.dim != p.dim for p, _ in pick):
+            pick.append((ax, size))
+    if not pick:
+        return None
+    pick = sorted(pick[:2], key=lambda c: c[0].dim)
+    picked, sizes = [ax for ax, _ in pick], [size for _, size in pick]
+    rest = math.prod(shape) // max(1, math.prod(shape[ax.dim] for ax in picked))
+    while rest * math.prod(sizes) < LOCAL_MIN_NUMEL:
+        growable = [i for i, ax in enumerate(picked) if sizes[i] < shape[ax.dim]]
+        if not growable:
+            break
+        i = max(growable, key=lambda i: -(-shape[picked[i].dim] // sizes[i]))
+        sizes[i] = min(2 * sizes[i], shape[picked[i].dim])
+    return picked, sizes
+
+
+class LocalTiles:
+    """Per tile of a local layout, the largest excess error, floor error and |oracle|, gathered from a whole
+    component or chunk after chunk (each part placed by its start along the layout's dimensions)."""
+
+    SLAB = 1 << 24  # elements reduced at once: a whole [8192, 128256] component is walked in slabs
+
+    def __init__(self, shape: tuple[int, ...], layout: tuple[list[Axis], list[int]], device: Any) -> None:
+        self.axes, self.sizes = layout
+        self.shape = shape
+        # a partial last block joins the one before it: every tile is at least a block wide on each axis
+        nb = [max(1, shape[ax.dim] // s) for ax, s in zip(self.axes, self.sizes, strict=True)]
+        self.maxima = torch.zeros((3, *nb, *([1] * (2 - len(nb)))), dtype=torch.float64, device=device)
+
+    def add(self, e: Tensor, floor_err: Tensor | None, o: Tensor, start: tuple[int, ...]) -> None:
+        """One part (the whole component, or a chunk starting at ``start``): its excess ``e``, floor error and
+        oracle, float64, of one shape. Non-finite values count 0: the non-finite clause judges them."""
+        da = self.axes[0].dim
+        step = max(1, self.SLAB // max(1, e.numel() // max(1, e.shape[da])))
+        for i in range(0, e.shape[da], step):
+            n = min(step, e.shape[da] - i)
+            parts = [x.narrow(da, i, n) if x is not None else None for x in (e, floor_err, o)]
+            at = list(start)
+            at[da] += i
+            self._add(parts, at)
+
+    def _add(self, parts: list[Tensor | None], start: list[int]) -> None:
+        dims = [ax.dim for ax in self.axes]
+        for j, x in enumerate(parts):
+            if x is None:
+                continue
+            x = torch.where(torch.isfinite(x), x.abs(), torch.zeros((), dtype=x.dtype, device=x.device))
+            if len(dims) == 1:
+                x = x.movedim(dims[0], 0).reshape(x.shape[dims[0]], 1, -1)
+            else:
+                x = x.movedim(tuple(dims), (0, 1)).reshape(x.shape[dims[0]], x.shape[dims[1]], -1)
+            x = x.amax(-1) if x.shape[-1] else torch.zeros(x.shape[:2], dtype=x.dtype, device=x.device)
+            self._place(j, x, start, dims)
+
+    def _place(self, j: int, x: Tensor, start: list[int], dims: list[int]) -> None:
+        na, nb = self.maxima.shape[1:]
+        la, lb = x.shape
+        ia = ((start[dims[0]] + torch.arange(la, device=x.device)) // self.sizes[0]).clamp_max(na - 1)
+        ib = ((start[dims[1]] + torch.arange(lb, device=x.device)) // self.sizes[1]).clamp_max(nb - 1) \
+            if len(dims) == 2 else torch.zeros(lb, dtype=torch.long, device=x.device)
+        cols = torch.zeros((la, nb), dtype=x.dtype, device=x.device).scatter_reduce_(
+            1, ib[None, :].expand(la, lb), x, "amax")
+        blocks = torch.zeros((na, nb), dtype=x.dtype, device=x.device).scatter_reduce_(
+            0, ia[:, None].expand(la, nb), cols, "amax")
+        torch.maximum(self.maxima[j], blocks.to(self.maxima.device), out=self.maxima[j])
+
+    def figures(self, a: float) -> LocalFigures:
+        """The local rule's figures (records.LocalFigures) of what was gathered; ``a``: the absolute
+        allowance of the component's dtype (verdict.absolute_floor)."""
+        e, f, o = self.maxima[0], self.maxima[1], self.maxima[2]
+        qk, qf = _relative(e, o, a), _relative(f, o, a)
+        at = torch.unravel_index(qk.reshape(-1).argmax(), qk.shape) if qk.numel() else ()
+        return LocalFigures(axes=[ax.name for ax in self.axes], block=list(self.sizes),
+                            extent=[self.shape[ax.dim] for ax in self.axes], tiles=int(qk.numel()),
+                            err=float(qk.max()) if qk.numel() else 0.0, floor=float(qf.max()) if qf.numel() else 0.0,
+                            at=[int(i) for i in at][:len(self.axes)])
+
+
+def _relative(err: Tensor, o: Tensor, a: float) -> Tensor:
+    """(err - a)+ / o per tile; where o is 0 throughout a tile, inf if err passes a there, else 0."""
+    over = (err - a).clamp_min(0)
+    return torch.where(o > 0, over / o.clamp_min(1e-300), torch.where(over > 0, math.inf, 0.0))
+
+
+def local_figures(e: Tensor, a: float, floor_err: Tensor | None, o: Tensor, axes: tuple[Axis, ...],
+                  blocks: dict[str, int], params: dict) -> LocalFigures | None:
+    """The local rule's figures of a whole component (its excess ``e``, floor error and oracle, float64);
+    None for a component without axes."""
+    layout = local_layout(tuple(e.shape), axes, blocks, params)
+    if layout is None or e.numel() == 0:
+        return None
+    tiles = LocalTiles(tuple(e.shape), layout, e.device)
+    tiles.add(e, floor_err, o, (0,) * e.dim())
+    return tiles.figures(a)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..judge.verdict import FloorSummary, verdict_of
+from ..judge.verdict import FloorSummary, absolute_floor, verdict_of
 from ..model.records import ComponentFigures
 from ..model.registry import Backend
 from ..model.spec import Case, Component, OperatorSpec
@@ -228,6 +228,7 @@ class _Split:
     figs: _Figures = field(default_factory=_Figures)
     fig: ComponentFigures | None = None
     second: _Second | None = None
+    tiles: loc.LocalTiles | None = None  # the local rule's, gathered in the first pass
 
 
 def chunks(op: OperatorSpec, ref: dict, floor: bool = True) -> Iterator[tuple]:
@@ -255,7 +256,8 @@ def _part(s: _Split, ref: dict, chunk: tuple, oracle: dict, floor: dict, params:
     return c, (comp.select(err, params) if err is not None else None), box
 
 
-def _split_components(op: OperatorSpec, ref: dict, got: dict) -> tuple[dict[str, ComponentFigures], list[_Split]]:
+def _split_components(op: OperatorSpec, ref: dict, got: dict, blocks: dict[str, int], params: dict
+                      ) -> tuple[dict[str, ComponentFigures], list[_Split]]:
     """The components a chunked entry keeps no whole oracle of: the SHAPE figures of those misshapen, and
     the others to measure chunk by chunk."""
     rows: dict[str, ComponentFigures] = {}
@@ -269,7 +271,12 @@ def _split_components(op: OperatorSpec, ref: dict, got: dict) -> tuple[dict[str,
         if bad is not None:
             rows[comp.name] = bad
             continue
-        todo.append(_Split(comp, k, contract, tuple(o.shape)))
+        s = _Split(comp, k, contract, tuple(o.shape))
+        view = tuple(comp.select(torch.empty(s.shape, device="meta"), params).shape)
+        layout = loc.local_layout(view, comp.axes, blocks, params)
+        if layout is not None and math.prod(view):
+            s.tiles = loc.LocalTiles(view, layout, k.device)
+        todo.append(s)
     return rows, todo
 
 
@@ -280,6 +287,7 @@ def _first_figures(op: OperatorSpec, backend: Backend, case: Case, ref: dict, go
     red = s.figs.reduced(list(ref["r_summaries"].get(comp.name, [])))
     s.fig = fig = figures_of(comp.name, str(s.dtype).replace("torch.", ""), red)
     fig.poisoned = comp.source in got.get("poisoned", ())
+    fig.local = s.tiles.figures(absolute_floor(s.dtype)) if s.tiles is not None and fig.numel else None
     if fig.numel == 0:
         return False
     scale = fitted_scale(fig, red, op.k_max, op.k_rms)
@@ -301,13 +309,15 @@ def _first_figures(op: OperatorSpec, backend: Backend, case: Case, ref: dict, go
 
 def measure_split(op: OperatorSpec, backend: Backend, case: Case, ref: dict, got: dict) -> dict[str, ComponentFigures]:
     """The figures (cell.measure_all's) of the components that a chunked entry keeps no whole oracle of."""
-    rows, todo = _split_components(op, ref, got)
+    rows, todo = _split_components(op, ref, got, backend.blocks, case.params)
     if not todo:
         return rows
     for chunk, oracle, floor in chunks(op, ref):
         for s in todo:
             c, r, box = _part(s, ref, chunk, oracle, floor, case.params)
             s.figs.add(c, r, tuple(a for a, _ in box))
+            if s.tiles is not None:
+                s.tiles.add(c.excess(), r, c.o, tuple(a for a, _ in box))
     again = []
     for s in todo:
         if _first_figures(op, backend, case, ref, got, s):

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from ..judge.verdict import verdict_of
+from ..judge.verdict import BOUNDS, verdict_of
 from ..model.records import ComponentFigures
 from ..model.spec import Case, Component, OperatorSpec
 from .chunking import PartialSums
@@ -29,7 +29,7 @@ def low_precision_yardstick(op: OperatorSpec, case: Case, ref: dict, dtype: torc
                             rows: list[ComponentFigures]) -> None:
     """Into each component's figures, the yardstick's max and rms error (lowp_max, lowp_rms); only for
     16-bit cells with a component over its bound."""
-    if dtype == torch.float32 or not any(verdict_of(f, op.k_max, op.k_rms).kind == "bound" for f in rows):
+    if dtype == torch.float32 or not any(verdict_of(f, op.k_max, op.k_rms).kind in BOUNDS for f in rows):
         return
     if ref.get("plan") is not None:
         _chunked_yardstick(op, case, ref, dtype, rows)

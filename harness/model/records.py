@@ -165,6 +165,45 @@ class SliceProfile:
 
 
 @dataclass
+class LocalFigures:
+    """What the local rule reads of one component (harness/judge/verdict.py, "The local rule").
+
+    The component is cut in tiles: blocks of ``block`` indices along each of ``axes`` (its two widest
+    localization axes on different dimensions, or its one axis), grown until a tile holds at least
+    LOCAL_MIN_NUMEL elements. Per tile, an error relative to the tile's own magnitude: (max excess - a) / max|o|
+    for the backend, (max floor error - a) / max|o| for the floor, where ``a`` is the dtype's absolute
+    resolution (verdict.absolute_floor); ``err`` and ``floor`` are their maxima over the tiles where the
+    oracle is not zero throughout (inf: an error past ``a`` in a tile where it is). ``at``: the tile of
+    ``err``'s maximum, by block index along ``axes`` (a partial last block belongs to the one before it);
+    ``extent``: the component's length along each axis; ``tiles``: the tiles of the component."""
+
+    axes: list[str]
+    block: list[int]
+    extent: list[int]
+    tiles: int
+    err: float
+    floor: float
+    at: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"axes": self.axes, "block": self.block, "extent": self.extent, "tiles": self.tiles,
+                "err": _out(self.err), "floor": _out(self.floor), "at": self.at}
+
+    @staticmethod
+    def from_json(d: dict) -> LocalFigures:
+        return LocalFigures(list(d["axes"]), [int(b) for b in d["block"]], [int(n) for n in d["extent"]],
+                            int(d["tiles"]), _num(d["err"]), _num(d["floor"]), [int(i) for i in d.get("at", [])])
+
+    def tile_text(self) -> str:
+        """The tile of the worst error in words: "row 3, vocab 1024-2047"."""
+        parts = []
+        for axis, b, n, i in zip(self.axes, self.block, self.extent, self.at, strict=False):
+            lo, hi = i * b, n - 1 if (i + 2) * b > n else (i + 1) * b - 1
+            parts.append(f"{axis} {lo}" if lo == hi else f"{axis} {lo}-{hi}")
+        return ", ".join(parts)
+
+
+@dataclass
 class ComponentFigures:
     """What the verdict of one component reads, and what a diagnosis may cite.
 
@@ -213,6 +252,8 @@ class ComponentFigures:
     first_bad: list[int] = field(default_factory=list)
     worst: list[int] = field(default_factory=list)
     slices: list[SliceProfile] = field(default_factory=list)
+    # the local rule's figures (None: a record from before it, or a component without axes)
+    local: LocalFigures | None = None
     # a heatmap's data: max e over blocks of the two widest axes (only kept for failing components)
     grid: dict[str, Any] | None = None
     expected: str = ""
@@ -230,13 +271,15 @@ class ComponentFigures:
         d: dict[str, Any] = {"name": self.name}
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name in ("name", "slices") or v is None or v == f.default or v == [] or v is False:
+            if f.name in ("name", "slices", "local") or v is None or v == f.default or v == [] or v is False:
                 continue
             if isinstance(v, float):
                 v = _out(v, READ_DIGITS if f.name in self._ROUNDED else VERDICT_DIGITS)
             d[f.name] = v
         if self.kind != "figures":
             d["kind"] = self.kind
+        if self.local is not None:
+            d["local"] = self.local.to_json()
         if self.slices:
             d["slices"] = [s.to_json() for s in self.slices]
         return d
@@ -245,11 +288,12 @@ class ComponentFigures:
     def from_json(d: dict) -> ComponentFigures:
         c = ComponentFigures(name=d["name"])
         for f in fields(ComponentFigures):
-            if f.name in d and f.name not in ("name", "slices"):
+            if f.name in d and f.name not in ("name", "slices", "local"):
                 v = d[f.name]
                 setattr(c, f.name, _num(v) if isinstance(getattr(c, f.name), float) or
                         f.name in ("lowp_max", "lowp_rms", "naive_rel_rms", "spread") and v is not None else v)
         c.slices = [SliceProfile.from_json(s) for s in d.get("slices", [])]
+        c.local = LocalFigures.from_json(d["local"]) if d.get("local") else None
         return c
 
 

@@ -396,3 +396,6 @@ class Mutant:
     # a defect inside the verdict's bound, caught only by comparing with the backend's earlier run
     # (harness/across/compare.py): the zoo lists it apart instead of counting it as missed
     compare_only: bool = False
+    # an error local to some rows, tiles or heads that the global criteria alone pass: caught by the local rule
+    # (harness/judge/verdict.py); tests/test_local_rule.py shows that the global criteria pass it
+    local_only: bool = False

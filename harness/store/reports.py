@@ -309,7 +309,7 @@ def _stored(c: CellRecord) -> CellRecord:
     rules = rules_for(c.operator, c.backend, "")
     for f in c.components:
         v = verdict_of(f, rules.k_max, rules.k_rms) if f.slices and f.kind == "figures" else None
-        if v is not None and not v.failed and v.worst_ratio <= PROFILE_FROM_RATIO:
+        if v is not None and not v.failed and v.global_ratio <= PROFILE_FROM_RATIO:
             f.slices = []
     return c
 
