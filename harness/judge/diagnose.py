@@ -14,6 +14,8 @@ Every hint is a claim with evidence, derived from the stored figures when a repo
   yardstick of effective precision.
 - non-finite: +-inf where the oracle is finite is an overflow; NaN is "never written" only in a buffer
   the harness poisoned.
+- local: a failure of the local rule alone names its worst tile and no precision or scale claim (the
+  component is within its global bounds, which such an error would break).
 - otherwise "no structure found".
 """
 
@@ -106,6 +108,8 @@ def where(fig: ComponentFigures, v: Verdict) -> str:
         parts.append(s)
     if fig.first_bad:
         parts.append(f"first bad index {fig.first_bad}")
+    if v.kind == "local" and fig.local is not None:
+        parts.insert(0, f"worst tile: {fig.local.tile_text()}")
     return "; ".join(parts)
 
 
@@ -290,6 +294,16 @@ def _nonfinite(fig: ComponentFigures) -> list[Hint]:
 NO_STRUCTURE = Hint("none", "no structure found")
 
 
+def _local(fig: ComponentFigures, v: Verdict) -> Hint:
+    """A failure of the local rule alone: the component is within its global bounds, one tile is not."""
+    loc = fig.local
+    assert loc is not None
+    return Hint("local", f"local: {loc.tile_text()} is off by {loc.err:.2g} of its own largest value, "
+                         f"{v.ratio_local:.3g}x the local bound, while the component is within its global "
+                         f"bounds ({v.global_ratio:.2g}x): part of the grid computes differently (an index, an "
+                         "offset or a rescale that only some rows, tiles or heads take)", axis=loc.axes[0])
+
+
 def hints_for(fig: ComponentFigures, v: Verdict, case_dtype: str = "") -> list[Hint]:
     """The hints a failing component's figures support (NO_STRUCTURE when none). ``case_dtype``: the
     cell's dtype (the yardstick reference computes in it; a float32 loss of a bf16 cell is still bf16 math)."""
@@ -311,6 +325,8 @@ def hints_for(fig: ComponentFigures, v: Verdict, case_dtype: str = "") -> list[H
     # is not read as a scale), then a fitted scale, then an error shaped like the floor's
     axes = [_Axis.of(p, v) for p in fig.slices]
     dtype = case_dtype or fig.dtype
+    if v.kind == "local":  # within the global bounds: no precision, scale or floor-shaped claim holds
+        return (_microbatch(fig) or [h for a in axes for h in _structural(a)]) + [_local(fig, v)]
     for rule in (lambda: _microbatch(fig), lambda: [h for a in axes for h in _structural(a)],
                  lambda: _against_lowp(fig, dtype),
                  lambda: _scale(fig, v, dtype), lambda: _follows_floor(fig, axes)):
