@@ -264,7 +264,8 @@ class LocalTiles:
         self.shape = shape
         # a partial last block joins the one before it: every tile is at least a block wide on each axis
         nb = [max(1, shape[ax.dim] // s) for ax, s in zip(self.axes, self.sizes, strict=True)]
-        self.maxima = torch.zeros((3, *nb, *([1] * (2 - len(nb)))), dtype=torch.float64, device=device)
+        # per tile: the maxima of e, |r - o| and |o|, and the count of elements where o is not zero
+        self.maxima = torch.zeros((4, *nb, *([1] * (2 - len(nb)))), dtype=torch.float64, device=device)
 
     def add(self, e: Tensor, floor_err: Tensor | None, o: Tensor, start: tuple[int, ...]) -> None:
         """One part (the whole component, or a chunk starting at ``start``): its excess ``e``, floor error and
@@ -288,29 +289,39 @@ class LocalTiles:
                 x = x.movedim(dims[0], 0).reshape(x.shape[dims[0]], 1, -1)
             else:
                 x = x.movedim(tuple(dims), (0, 1)).reshape(x.shape[dims[0]], x.shape[dims[1]], -1)
+            if j == 2:
+                self._place(3, (x != 0).sum(-1, dtype=x.dtype), start, dims, "sum")
             x = x.amax(-1) if x.shape[-1] else torch.zeros(x.shape[:2], dtype=x.dtype, device=x.device)
             self._place(j, x, start, dims)
 
-    def _place(self, j: int, x: Tensor, start: list[int], dims: list[int]) -> None:
+    def _place(self, j: int, x: Tensor, start: list[int], dims: list[int], how: str = "amax") -> None:
         na, nb = self.maxima.shape[1:]
         la, lb = x.shape
         ia = ((start[dims[0]] + torch.arange(la, device=x.device)) // self.sizes[0]).clamp_max(na - 1)
         ib = ((start[dims[1]] + torch.arange(lb, device=x.device)) // self.sizes[1]).clamp_max(nb - 1) \
             if len(dims) == 2 else torch.zeros(lb, dtype=torch.long, device=x.device)
         cols = torch.zeros((la, nb), dtype=x.dtype, device=x.device).scatter_reduce_(
-            1, ib[None, :].expand(la, lb), x, "amax")
+            1, ib[None, :].expand(la, lb), x, how)
         blocks = torch.zeros((na, nb), dtype=x.dtype, device=x.device).scatter_reduce_(
-            0, ia[:, None].expand(la, nb), cols, "amax")
-        torch.maximum(self.maxima[j], blocks.to(self.maxima.device), out=self.maxima[j])
+            0, ia[:, None].expand(la, nb), cols, how)
+        blocks = blocks.to(self.maxima.device)
+        if how == "sum":
+            self.maxima[j] += blocks
+        else:
+            torch.maximum(self.maxima[j], blocks, out=self.maxima[j])
 
     def figures(self, a: float) -> LocalFigures:
         """The local rule's figures (records.LocalFigures) of what was gathered; ``a``: the absolute
-        allowance of the component's dtype (verdict.absolute_floor)."""
-        e, f, o = self.maxima[0], self.maxima[1], self.maxima[2]
-        qk, qf = _relative(e, o, a), _relative(f, o, a)
+        allowance of the component's dtype (verdict.absolute_floor). A tile where the oracle is non-zero at
+        fewer than LOCAL_MIN_NUMEL elements (the far distances of a short sequence's bias gradient) is left
+        to the global rule, as a small tile is; one where it is zero throughout is judged."""
+        e, f, o, live = self.maxima[0], self.maxima[1], self.maxima[2], self.maxima[3]
+        judged = (live >= LOCAL_MIN_NUMEL) | (live == 0)
+        qk = torch.where(judged, _relative(e, o, a), 0.0)
+        qf = torch.where(judged, _relative(f, o, a), 0.0)
         at = torch.unravel_index(qk.reshape(-1).argmax(), qk.shape) if qk.numel() else ()
         return LocalFigures(axes=[ax.name for ax in self.axes], block=list(self.sizes),
-                            extent=[self.shape[ax.dim] for ax in self.axes], tiles=int(qk.numel()),
+                            extent=[self.shape[ax.dim] for ax in self.axes], tiles=int(judged.sum()),
                             err=float(qk.max()) if qk.numel() else 0.0, floor=float(qf.max()) if qf.numel() else 0.0,
                             at=[int(i) for i in at][:len(self.axes)])
 
