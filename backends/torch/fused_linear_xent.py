@@ -33,7 +33,10 @@ register_backend(Backend(
         Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("loss",), ceiling=4e4, range_errors=True),
         Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("lse",), ceiling=1200.0),  # 554x: H100 smoke
         Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("dbias",), ceiling=400.0),
-        Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("dhidden", "dweight"), ceiling=40.0),
+        Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("dhidden",), ceiling=40.0),
+        # the local rule (issue #44) sees the 16-bit logits' error in dweight's rows without a target, ~1/V of
+        # those with one: up to 179x its local bound on an H200 (seed 31, N1000-H2048-V32000 float16)
+        Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("dweight",), ceiling=400.0),
     ),
     # the dbias sum invariant (sum_i (g_i/D) 2 z_loss LSE_i) misses its budget in fp16: the same rounding
     contract_exceptions=(ContractException("invariants", _EAGER, dtypes=("float16", "bfloat16")),),

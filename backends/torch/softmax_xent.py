@@ -44,6 +44,10 @@ register_backend(Backend(
     # ceilings: the worst ratios of the committed H100/H200/CPU sweeps (at 350e7a5), with about 2x room
     expected_gaps=(
         Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("loss",), ceiling=4e4, range_errors=True),
+        # exp(z - lse) in 16 bits: a small probability is a few percent off (3-8 eps), which the local rule
+        # (issue #44) sees where the global bounds, set by the target column, did not: up to 2.4x its local bound
+        # on an H200 (seed 31, N4096-V32000-scale10 bfloat16)
+        Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("dlogits",), ceiling=6.0),
         # dlogits of the label-smoothing cases: 1.3e5x (bf16, extreme logits with z-loss), 1.0e4x (fp16)
         Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("dlogits",), tags=("smoothing",), ceiling=3e5,
             range_errors=True),
