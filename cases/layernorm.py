@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from harness import Case, Inputs, OperatorSpec, PerfTarget, Separable, SplitAxis, register_operator
 from harness.model.inputs import place, randn
-from harness.model.twins import twin, with_twins
+from harness.model.twins import adversarial, twin, with_twins
 
 EPS = 1e-5
 
@@ -103,7 +103,7 @@ def smoke(device: str) -> list[Case]:
         C("R8-F32-xT-gT", 8, 32, ("non-contiguous",), layout="transposed", grad_layout="transposed"),
         C("R5-F7-pad-gstride", 5, 7, ("non-contiguous",), layout="pad:3", grad_layout="stride:3"),
         C("R3-F40-offset", 3, 40, ("offset",), offset=100.0),
-        plain, twin(plain, "stride"), twin(plain, "mixed"),
+        plain, twin(plain, "stride"), twin(plain, "mixed"), *adversarial(plain),
     ]
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from harness import Axis, Case, Component, Inputs, OperatorSpec, PerfTarget, Separable, SplitAxis, register_operator
 from harness.model.inputs import place, randn, uniform
-from harness.model.twins import twin, with_twins
+from harness.model.twins import adversarial, twin, with_twins
 
 Tensor = torch.Tensor
 QKV_T = "perm:0,2,1,3"          # [B,H,L,Dh] views of a [B,L,H,Dh] buffer: head stride = Dh
@@ -217,7 +217,7 @@ def smoke(device: str) -> list[Case]:
         # with its own strides (v and dO padded), and a layout twin
         C("L16-W7-own-strides", 1, 2, 16, 16, 7, ("BLOCK", "own-strides"),
           layout_q=QKV_T, layout_k="contiguous", layout_v="pad", grad_layout="pad"),
-        twin(first, "mixed"),
+        twin(first, "mixed"), *adversarial(first),
     ]
 
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from harness import Axis, Case, Component, Inputs, OperatorSpec, PerfTarget, Separable, SplitAxis, register_operator
 from harness.model.inputs import place, randn, uniform
-from harness.model.twins import twin, with_twins
+from harness.model.twins import adversarial, twin, with_twins
 
 OPTIONS = {"norm_eps": 1e-6, "hc_eps": 1e-6, "post_mult": 2.0}
 
@@ -85,7 +85,7 @@ def smoke(device: str) -> list[Case]:
         # what the sweep has besides (tests/test_coverage.py): T = BLOCK_T and T beyond it, padded x and
         # transposed upstream gradients, and a layout twin (interpreter: BLOCK_T = 16)
         C("T16-xpad-gradT", 2, 8, 2, 24, ("non-contiguous",), layout="pad", grad_layout="perm:1,0,2"),
-        twin(C("n2-D24-T17", 1, 17, 2, 24), "mixed"),
+        twin(C("n2-D24-T17", 1, 17, 2, 24), "mixed"), *adversarial(C("n2-D24-T17", 1, 17, 2, 24)),
     ]
 
 

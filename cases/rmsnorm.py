@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from harness import Case, Inputs, OperatorSpec, PerfTarget, Separable, SplitAxis, register_operator
 from harness.model.inputs import place, randn
-from harness.model.twins import twin, with_twins
+from harness.model.twins import adversarial, twin, with_twins
 
 EPS = 1e-6
 
@@ -65,7 +65,7 @@ def smoke(device: str) -> list[Case]:
           layout_residual="pad:3", grad_layout="transposed"),
         C("R5-F7-pad-gstride", 5, 7, ("non-contiguous",), layout="pad:3", grad_layout="stride:3"),
         plain, twin(plain, "stride"),
-        res, twin(res, "mixed"),
+        res, twin(res, "mixed"), *adversarial(res),
     ]
 
 

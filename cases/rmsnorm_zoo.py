@@ -11,6 +11,7 @@ from __future__ import annotations
 from harness.cases.rmsnorm import C
 
 from harness import Expectation, Mutant, register_mutant
+from harness.model.twins import twin
 
 CASE = C("R33-F130", 33, 130, ("size",))
 CASE_RES = C("R17-F100-res", 17, 100, ("residual",), residual=True)
@@ -52,4 +53,32 @@ register_mutant(Mutant(
             "h.to(ro_ptr.dtype.element_ty), mask=mask)", "            pass"),),
     expect=(Expectation(CASE_RES, "float32", fail=("residual_out",), passing=("y", "dx", "dresidual", "dw"),
                         where={"residual_out": {"row": "all", "feature": "all"}}),),
+))
+
+# Layouts real backward passes receive (issue #44): y.sum().backward() hands dy on as one value expanded to
+# [R, F], every stride 0 (pytorch #194719, flash-linear-attention #1138). The wrapper passes dy's row and
+# feature strides as those of a contiguous [R, F] tensor: the kernel reads the NaN behind the one value. Its
+# base case, with a contiguous dy, passes; the expand twin's hint says the layout is the difference.
+PLAIN = C("R17-F100", 17, 100, ("size",))
+register_mutant(Mutant(
+    id="rmsnorm-dy-read-contiguous", operator="rmsnorm", backend="triton", seed="issue 44 (stride-0 gradients)",
+    description="the upstream gradient addressed as a contiguous [R, F] tensor, whatever its strides",
+    edits=(("wrapper.py", "w.stride(0), *dy.stride(), *ds, *dx.stride(),", "w.stride(0), F, 1, *ds, *dx.stride(),"),),
+    expect=(Expectation(twin(PLAIN, "expand"), "float32", fail=("dx", "dw"), passing=("y",), hint="layout"),
+            Expectation(PLAIN, "float32", passing=("y", "dx", "dw"))),
+))
+
+# An unaligned data pointer (issue #44): the wrapper rounds dy's data pointer down to a 16-byte boundary, as a
+# vector kernel that loads whole 16-byte vectors from the row's start and drops the scalar head before the
+# first aligned address would. Every layout the presets draw starts aligned, so only the unaligned twin, one
+# element past a boundary, reads the NaN before dy.
+register_mutant(Mutant(
+    id="rmsnorm-dy-assumed-aligned", operator="rmsnorm", backend="triton", seed="issue 44 (unaligned pointers)",
+    description="the upstream gradient's data pointer rounded down to 16 bytes (a vector loop without its head)",
+    edits=(("wrapper.py", "        x, r, w, dy, d, rstd, dx, part, R, F,",
+            "        x, r, w, torch.as_strided(dy, dy.shape, dy.stride(), dy.storage_offset() // (16 // "
+            "dy.element_size()) * (16 // dy.element_size())), d, rstd, dx, part, R, F,"),),
+    expect=(Expectation(twin(PLAIN, "unaligned"), "float32", fail=("dx", "dw"), passing=("y",), hint="layout"),
+            Expectation(twin(PLAIN, "offset"), "float32", passing=("y", "dx", "dw")),
+            Expectation(PLAIN, "float32", passing=("y", "dx", "dw"))),
 ))

@@ -16,7 +16,7 @@ from harness.references.rope import rope
 from hypothesis import strategies as st
 
 from harness import Case, Inputs, OperatorSpec, PerfTarget, Separable, SplitAxis, register_operator, tensor
-from harness.model.twins import twin, with_twins
+from harness.model.twins import adversarial, twin, with_twins
 
 # the Triton backend's tiles per device (a test checks them against its adapter's declared blocks)
 BLOCKS = {"cpu": {"BLOCK_T": 4, "BLOCK_H": 2}, "cuda": {"BLOCK_T": 16, "BLOCK_H": 4}}
@@ -56,7 +56,7 @@ def smoke(device: str) -> list[Case]:
           offset=OFFSET, layout="pad:3", grad_layout="transposed"),
         C(f"B1-S{bt + 1}-H{bh + 1}-D16-il-xperm", 1, bt + 1, bh + 1, 16, ("non-contiguous",), interleaved=True,
           layout="perm:0,2,1,3"),
-        twin(mixed, "mixed"),
+        twin(mixed, "mixed"), *adversarial(mixed),
     ]
 
 

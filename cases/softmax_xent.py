@@ -26,7 +26,7 @@ from harness import (
     register_operator,
 )
 from harness.model.inputs import place, randn
-from harness.model.twins import twin, with_twins
+from harness.model.twins import adversarial, twin, with_twins
 
 CONFIDENT_MARGIN = 30.0
 EXTREME = 1e4
@@ -236,7 +236,7 @@ def smoke(device: str) -> list[Case]:
           ignore_index=0),
         C("N8-V31-normalizer", 8, 31, ("normalizer",), ignored=0.2, normalizer=25.0),
         C("N8-V31-microbatch2", 8, 31, ("microbatch",), microbatches=2),
-        twin(none, "mixed"),
+        twin(none, "mixed"), *adversarial(none),
     ]
 
 

@@ -17,7 +17,7 @@ from harness.references.gated_mlp import swiglu
 from hypothesis import strategies as st
 
 from harness import Case, Inputs, OperatorSpec, PerfTarget, Separable, SplitAxis, register_operator, tensor
-from harness.model.twins import twin, with_twins
+from harness.model.twins import adversarial, twin, with_twins
 
 # the Triton backend's tiles per device (a test checks them against its adapter's declared blocks)
 BLOCKS = {"cpu": {"BLOCK_R": 4, "BLOCK_F": 32}, "cuda": {"BLOCK_R": 4, "BLOCK_F": 1024}}
@@ -64,7 +64,7 @@ def smoke_cases(device: str, opts: list[dict]) -> list[Case]:
           **o[1]),
         C(f"R{br + 1}-F{bf + 1}-pad-gradT", br + 1, bf + 1, ("non-contiguous",), layout="pad:3",
           grad_layout="transposed", scale=8.0, **o[2]),
-        twin(mixed, "mixed"),
+        twin(mixed, "mixed"), *adversarial(mixed),
     ]
 
 

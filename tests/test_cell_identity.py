@@ -13,6 +13,7 @@ from harness.across.compare import compare, load_reference
 from harness.front.run_command import resume
 from harness.model.records import CellId, CellRecord
 from harness.model.spec import Case
+from harness.model.twins import ADVERSARIAL
 from harness.run.plan import plan
 from harness.store.reports import load
 
@@ -34,6 +35,8 @@ def test_resume_and_compare_match_the_committed_reports_as_before(op: str):
     cells, runs = load(CPU, op)
     header = list(runs.values())[-1]
     tasks = plan([op], header["sizes"], None, None, "cpu", seed=header.get("seed") or 0).tasks
+    # the offset, unaligned and expand twins (issue #44) came after: the figures are of the cells planned then
+    tasks = [t for t in tasks if t.case.params.get("twin") not in ADVERSARIAL]
     with contextlib.redirect_stdout(io.StringIO()):
         left, _ = resume(tasks, CPU, header["commit"])
     comparison = compare(cells, header, load_reference(str(CPU.parent), "cpu", [op]))

@@ -66,7 +66,7 @@ def test_a_twin_has_the_oracle_of_its_base():
 def test_with_twins_puts_the_twins_after_the_cases_named():
     a, b = Case("a", {"n": 1}), Case("b", {"n": 2}, ("t",), 2)
     cases = with_twins([a, b], only=("b",))
-    assert [c.name for c in cases] == ["a", "b", "b~stride", "b~mixed"]
+    assert [c.name for c in cases] == ["a", "b", "b~stride", "b~mixed", "b~offset", "b~unaligned", "b~expand"]
     assert cases[3].params == {"n": 2, "twin": "mixed"} and cases[3].tags == ("t",) and cases[3].microbatches == 2
     assert base_case(cases[3]) == b and base_case(a) is a
     assert [c.name for c in with_twins([a], which=("mixed",))] == ["a", "a~mixed"]
@@ -110,7 +110,8 @@ def shown(impl) -> list[str]:
 
 
 def test_a_correct_backend_passes_every_twin():
-    assert shown(rmsnorm) == ["PASS", "PASS", "PASS"]
+    # the base case, then its stride, mixed, offset, unaligned and expand twins
+    assert shown(rmsnorm) == ["PASS"] * 6
 
 
 def test_a_backend_that_ignores_the_innermost_stride_fails_the_twins():
@@ -119,7 +120,7 @@ def test_a_backend_that_ignores_the_innermost_stride_fails_the_twins():
         x = torch.as_strided(x, x.shape, (x.stride(0), 1))
         return rmsnorm(x, w, eps=eps)
 
-    assert shown(dense_rows) == ["PASS", "FAIL", "FAIL"]
+    assert shown(dense_rows) == ["PASS", "FAIL", "FAIL", "PASS", "PASS", "PASS"]
 
 
 class _GradWithStridesOf(torch.autograd.Function):
@@ -139,5 +140,56 @@ def test_a_backend_that_addresses_the_gradient_with_x_strides_fails_the_mixed_tw
     def dy_with_x_strides(x, w, *, eps):
         return {"y": _GradWithStridesOf.apply(rmsnorm(x, w, eps=eps)["y"], x)}
 
-    # the stride twin gives x and dy the same strides; the mixed one gives them innermost strides 2 and 4
-    assert shown(dy_with_x_strides) == ["PASS", "PASS", "FAIL"]
+    # the stride twin gives x and dy the same strides; the mixed one gives them innermost strides 2 and 4; the
+    # offset and unaligned ones the same strides again; the expand one a dy of strides 0, read with x's (6, 1)
+    assert shown(dy_with_x_strides) == ["PASS", "PASS", "FAIL", "PASS", "PASS", "FAIL"]
+
+
+def test_a_backend_that_rounds_a_pointer_down_to_16_bytes_fails_the_unaligned_twin_only():
+    def aligned_down(x, w, *, eps):
+        # a vector loop from the 16-byte boundary at or before x's start (4 float32 elements)
+        x = torch.as_strided(x, x.shape, x.stride(), x.storage_offset() // 4 * 4)
+        return rmsnorm(x, w, eps=eps)
+
+    assert shown(aligned_down) == ["PASS", "PASS", "PASS", "PASS", "FAIL", "PASS"]
+
+
+def test_the_adversarial_twins_place_as_named():
+    op = registry.get_operator("lazy_attention")
+    base = next(c for c in op.cases("smoke", "cpu") if c.name == "L17-qkvT-dOcontig-B2")
+    b_in, b_g = draw(op, base)
+    o_in, o_g = draw(op, twin(base, "offset"))
+    u_in, u_g = draw(op, twin(base, "unaligned"))
+    e_in, e_g = draw(op, twin(base, "expand"))
+    for name, t in {**o_in.tensors, "grad:o": o_g["o"]}.items():
+        assert t.storage_offset() * t.element_size() == 16 and t.data_ptr() % 16 == 0, name
+        assert t.dim() == 1 or (t.stride(-2) - t.size(-1)) * t.element_size() == 32, name
+    for name, t in {**u_in.tensors, "grad:o": u_g["o"]}.items():
+        assert t.is_contiguous() and t.data_ptr() % 16 == t.element_size(), name
+    for tw_in, tw_g in ((o_in, o_g), (u_in, u_g)):
+        assert all(torch.equal(tw_in.tensors[n], t) for n, t in b_in.tensors.items())
+        assert torch.equal(tw_g["o"], b_g["o"])
+    assert all(t is None or torch.equal(e_in.tensors[n], t) for n, t in b_in.tensors.items())  # inputs as drawn
+    g = e_g["o"]
+    assert set(g.stride()) == {0} and torch.equal(g, torch.full_like(b_g["o"], b_g["o"].reshape(-1)[0].item()))
+
+
+def test_a_failing_twin_whose_base_passes_is_told_the_layout():
+    from harness.judge.judgement import judge_cells
+
+    def dense_rows(x, w, *, eps):
+        return rmsnorm(torch.as_strided(x, x.shape, (x.stride(0), 1)), w, eps=eps)
+
+    backend = Backend(operator=OP.name, name="eager", impl=dense_rows, devices=("cpu",))
+    cells = [run_cell(OP, backend, c, "float32", "cpu", repeats=1) for c in with_twins([BASE], ("stride",))]
+    from unittest import mock
+    with mock.patch("harness.judge.judgement.rules_for", return_value=Rules()):
+        base, stride = judge_cells(cells)
+    assert base.shown == "PASS" and stride.shown == "FAIL"
+    hints = [h for c in stride.failed_components for h in c.hints]
+    assert hints and all(h.cls in ("layout", "stride", "later-block-offsets") for h in hints)
+    assert "passes as rows3-features6, fails as its 'stride' twin" in hints[0].text
+    # alone, without its base, the twin gets no layout hint
+    with mock.patch("harness.judge.judgement.rules_for", return_value=Rules()):
+        (alone,) = judge_cells(cells[1:])
+    assert all(h.cls != "layout" for c in alone.failed_components for h in c.hints)

@@ -42,9 +42,10 @@ register_backend(Backend(
         # 2.6x (bf16), 1.15x (fp32, R17-F100-offset)
         Gap(_OFFSET, dtypes=("float16", "bfloat16"), components=("dx", "dw"), tags=("offset",), ceiling=45.0),
         Gap(_OFFSET, dtypes=("float32",), components=("dx",), tags=("offset",), ceiling=2.5),
-        # db of a bf16 column sum over 33 rows: 1.1x (R33-F130)
-        Gap("eager layer_norm's bf16 db (a column sum of dy) rounds more than a float32 sum", dtypes=("bfloat16",),
-            components=("db",), ceiling=2.5),
+        # db of a bf16 column sum over 33 rows: 1.1x (R33-F130); in fp16 1.01x (R17-F32, CPU seed 1) and 1.16x
+        # on a stride-0 upstream gradient, whose equal rows a float32 sum adds exactly (R9-F33~expand)
+        Gap("eager layer_norm's 16-bit db (a column sum of dy) rounds more than a float32 sum",
+            dtypes=("bfloat16", "float16"), components=("db",), ceiling=2.5),
         # one feature: x - mean is exactly 0, so dw is exactly 0 and its bound is 0; eager torch's backward
         # recomputes x - mean otherwise and returns dw ~ 1e-7 (R3-F1): an infinite ratio, whatever its size
         Gap("eager layer_norm's backward leaves rounding in dw where the exact dw is 0 (one feature)",

@@ -17,7 +17,8 @@ from functools import lru_cache
 
 from ..model import registry
 from ..model.declarations import ContractException, Gap
-from ..model.records import CellRecord, ComponentFigures, ContractResult
+from ..model.records import CellId, CellRecord, ComponentFigures, ContractResult
+from ..model.twins import TWIN_CAUSES, TWINS, base_case
 from .diagnose import Hint, hints_for, where
 from .verdict import BOUNDS, K_MAX, K_RMS, Verdict, verdict_of
 
@@ -135,6 +136,34 @@ def judge_cell(rec: CellRecord, rules: Rules | None = None, device_class: str = 
         c.where = where(c.figures, c.verdict) if c.figures.legacy is None else ""
     j.severity = _severity(failed, broken)
     return j
+
+
+def judge_cells(recs: list[CellRecord], device_class: str = "") -> list[CellJudgement]:
+    """judge_cell of each record, then what only a set of cells shows: a layout twin that fails where its base
+    case passes gets a layout hint (layout_hints)."""
+    judged = [judge_cell(r, device_class=device_class) for r in recs]
+    layout_hints(judged)
+    return judged
+
+
+def layout_hints(judged: list[CellJudgement]) -> None:
+    """A failing layout twin (harness/model/twins.py) whose base cell (same backend, dtype and seed) passes is
+    told so: the layout is the difference, so the hint names it and drops the claims a layout explains better
+    (precision, a never-written buffer, NaN, a local error). The ``expand`` twin has values of its own (a
+    constant gradient), so for it only a gross failure is laid to the layout."""
+    shown = {j.record.id: j.shown for j in judged}
+    for j in judged:
+        which = j.record.case.params.get("twin")
+        if which is None or j.shown != "FAIL" or (which == "expand" and j.severity != "gross"):
+            continue
+        base = CellId.of(j.record.operator, j.record.backend, j.record.dtype, base_case(j.record.case),
+                         j.record.seed)
+        if shown.get(base) not in ("PASS", "XFAIL"):
+            continue
+        hint = Hint("layout", f"layout: passes as {base.case}, fails as its {which!r} twin ({TWINS[which]}): "
+                              f"{TWIN_CAUSES[which]}?")
+        for c in j.failed_components:
+            c.hints = [hint, *[h for h in c.hints if h.structural]]
 
 
 def _excepted(c: ContractResult, dtype: str, rules: Rules) -> ContractException | None:

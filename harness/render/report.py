@@ -19,7 +19,7 @@ from typing import Any
 from ..across.compare import Comparison, load_saved
 from ..across.compare import mark as mark_regressions
 from ..judge.causes import causes
-from ..judge.judgement import CellJudgement, counts, judge_cell
+from ..judge.judgement import CellJudgement, counts, judge_cells
 from ..model.records import CellRecord
 from ..store.provenance import plugin_label
 from ..store.reports import (
@@ -113,7 +113,7 @@ def _main_run(cells: list[CellRecord], runs: dict[str, dict]) -> dict:
 
 def render_markdown(op: str, cells: list[CellRecord], runs: dict[str, dict], device_class: str = "",
                     heat: dict[tuple, str] | None = None, comparison: Comparison | None = None) -> str:
-    judged = [judge_cell(c, device_class=device_class) for c in cells]
+    judged = judge_cells(cells, device_class)
     mark_regressions(judged, comparison)
     main = _main_run(cells, runs) if runs else {}
     latest = latest_run(runs) if runs else {}
@@ -448,7 +448,7 @@ def judged_cells(dir_: Path, op: str, cells: list[CellRecord], runs: dict[str, d
     """The cells of a report folder as its report shows them: judged under the folder's device class, with
     the regressions of the comparison saved beside them (--compare) marked."""
     comparison = load_saved(dir_, op, cells, runs)
-    judged = [judge_cell(c, device_class=dir_.name) for c in cells]
+    judged = judge_cells(cells, dir_.name)
     mark_regressions(judged, comparison)
     return judged, comparison
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..judge.causes import causes
-from ..judge.judgement import SHOWN, counts, judge_cell
+from ..judge.judgement import SHOWN, counts, judge_cell, judge_cells
 from ..model.records import CellRecord
 
 
@@ -58,7 +58,7 @@ def format_failure(cell: CellRecord, device_class: str = "") -> str:
 
 
 def terminal_summary(results: list[CellRecord], device_class: str = "") -> str:
-    judged = [judge_cell(c, device_class=device_class) for c in results]
+    judged = judge_cells(results, device_class)
     out = []
     for op in sorted({j.record.operator for j in judged}):
         out.append(f"{op}:")

@@ -7,8 +7,9 @@ a feature of one of its own cells. The features, all operator-agnostic:
   >= 1, more than one element), over its dimensions longer than 1: ``innermost stride > 1`` (the
   fastest-moving dimension has gaps: a slice of a wider buffer), ``transposed`` (dimensions stored in
   another order than row-major), ``padded`` (rows further apart than the dimensions below them need);
-  and per pair of them ``distinct strides`` (same shape, different strides) and ``distinct innermost
-  strides`` (last dimensions' strides differ);
+  ``stride 0`` (broadcast along a dimension), ``storage offset`` (a view that starts past its storage's
+  start), ``unaligned`` (a data pointer off a 16-byte boundary); and per pair of them ``distinct strides``
+  (same shape, different strides) and ``distinct innermost strides`` (last dimensions' strides differ);
 - sizes, along each component axis (by its name): ``> 1`` (more than one slice: H > 1, B > 1), and against
   the backend's declared block of that axis: ``< BLOCK``, ``= BLOCK``, ``> BLOCK, not a multiple`` (a
   multiple beyond it is none of these);
@@ -29,7 +30,7 @@ import torch
 from ..measure.oracle import gen_grad_outputs, gen_inputs, output_contract, reference_run
 from ..model.registry import Backend
 from ..model.spec import Case, OperatorSpec, dtype_of
-from ..model.twins import GRAD, eligible
+from ..model.twins import ALIGN, GRAD, eligible
 from ..run.plan import plan
 
 Tensor = torch.Tensor
@@ -73,6 +74,13 @@ def layout_features(tensors: dict[str, object]) -> set[str]:
         assert isinstance(t, Tensor)
         dims = [d for d in range(t.dim()) if t.size(d) > 1]
         if not dims:
+            continue
+        if t.storage_offset() > 0:
+            out.add(f"{name}: storage offset")
+        if t.data_ptr() % ALIGN:
+            out.add(f"{name}: unaligned")
+        if any(t.stride(d) == 0 for d in dims):
+            out.add(f"{name}: stride 0")  # broadcast: no memory order to speak of
             continue
         order = sorted(dims, key=lambda d: (-t.stride(d), -d))  # memory order, slowest first
         if order != dims:

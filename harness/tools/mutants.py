@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..judge.diagnose import bad_slices
-from ..judge.judgement import judge_cell
+from ..judge.judgement import CellJudgement, judge_cell, judge_cells
 from ..measure.localize import matches
 from ..model import registry
 from ..model.mutant_builds import MutantError, check_edits
@@ -22,10 +22,12 @@ from ..store.provenance import device_class, run_provenance
 from ..store.reports import atomic_write
 
 
-def judge_expectation(exp: Expectation, cell: CellRecord) -> tuple[bool, list[str], str]:
-    """Was the defect caught as expected in this cell? Returns (caught, problems, localization shown)."""
+def judge_expectation(exp: Expectation, cell: CellRecord, judged: CellJudgement | None = None
+                      ) -> tuple[bool, list[str], str]:
+    """Was the defect caught as expected in this cell? Returns (caught, problems, localization shown).
+    ``judged``: the cell judged among the mutant's other cells (a layout twin's hint needs its base cell)."""
     problems: list[str] = []
-    j = judge_cell(cell)
+    j = judged or judge_cell(cell)
     comps = {c.name: c for c in j.components}
     status = j.shown
     if exp.status:
@@ -167,12 +169,14 @@ def _score(m: Mutant, results: dict[tuple, CellRecord]) -> dict[str, Any]:
     """The mutant's row: CAUGHT when every expectation that ran was caught with a passing control, MISSED
     if not, SKIP when none ran here."""
     checks, skipped = [], []
+    mine = [c for j in range(len(m.expect)) if (c := results.get((m.id, j, f"mutant:{m.id}"))) is not None]
+    judged = {x.record.id: x for x in judge_cells(mine)}
     for j, exp in enumerate(m.expect):
         cell, control = results.get((m.id, j, f"mutant:{m.id}")), results.get((m.id, j, m.backend))
         if cell is None or cell.status.value == "SKIP":
             skipped.append(cell.error or "not run" if cell else "not run")
             continue
-        checks.append(_check(m, exp, cell, control))
+        checks.append(_check(m, exp, cell, control, judged.get(cell.id)))
     if not checks:
         return {"mutant": m.id, "status": "SKIP", "detail": "; ".join(sorted(set(skipped))), "m": m}
     ok = all(c["caught"] for c in checks)
@@ -185,14 +189,15 @@ def _score(m: Mutant, results: dict[tuple, CellRecord]) -> dict[str, Any]:
     }
 
 
-def _check(m: Mutant, exp: Expectation, cell: CellRecord, control: CellRecord | None) -> dict[str, Any]:
+def _check(m: Mutant, exp: Expectation, cell: CellRecord, control: CellRecord | None,
+           judged: CellJudgement | None = None) -> dict[str, Any]:
     """One expectation's check: caught only where the unmutated control passes the same case."""
-    caught, problems, shown = judge_expectation(exp, cell)
+    caught, problems, shown = judge_expectation(exp, cell, judged)
     control_ok = control is not None and judge_cell(control).shown == "PASS"
     if control is not None and not control_ok:
         problems.append(f"control (unmutated {m.backend}) is {judge_cell(control).shown} on this case")
         caught = False
-    j = judge_cell(cell)
+    j = judged or judge_cell(cell)
     return {
         "case": exp.case.name,
         "dtype": exp.dtype,

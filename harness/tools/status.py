@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ..across.compare import load_saved, mark
-from ..judge.judgement import counts, judge_cell
+from ..judge.judgement import counts, judge_cells
 from ..model.spec import short_dtype
 from ..store.reports import DEFAULT_REPORT_ROOT, atomic_write, latest_run, load
 from .perf_targets import target_cells
@@ -69,7 +69,7 @@ def write_status(root: Path) -> Path:
                 f"- `{d.name}`/{j.stem}: {latest.get('device', '?')}, {latest.get('date', '?')}, "
                 f"commit `{latest.get('commit', '?')}`"
             )
-            judged = [judge_cell(c, device_class=d.name) for c in cells]
+            judged = judge_cells(cells, d.name)
             mark(judged, load_saved(d, j.stem, cells, runs))  # regressions against a --compare reference
             for (b, dt), row in counts(judged).items():
                 table.setdefault((j.stem, b), {})[(d.name, dt)] = row
