@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import NoReturn
 
@@ -10,6 +11,9 @@ import pytest
 from layers import MARKERS, TEST_LAYERS
 
 TESTS = Path(__file__).resolve().parent
+# the runs these tests start (harness run in a subprocess, failing on purpose) do not search minimal failing
+# cases, a minute per failing triple; tests/test_minimal.py asks for it with --shrink-seconds
+os.environ["HARNESS_SHRINK_SECONDS"] = "0"
 
 
 def _module(path: Path) -> str:

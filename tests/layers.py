@@ -67,6 +67,7 @@ TEST_LAYERS: dict[str, Layer] = {
     "test_verdict": "e2e",
     "test_local_rule": "unit",
     "test_local_mutants": "e2e",
+    "test_minimal": "e2e",
     # kernels built and run on a GPU (skipped on a CPU machine)
     "test_cuda_mhc_pre": "e2e",
     "test_cuda_softmax_xent": "e2e",

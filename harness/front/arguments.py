@@ -37,6 +37,11 @@ def seconds(text: str) -> float:
     return _number(float, text, lambda v: 0 < v < math.inf, "a number of seconds above 0")
 
 
+def budget(text: str) -> float:
+    """A time budget: seconds, finite and at least 0 (0: none)."""
+    return _number(float, text, lambda v: 0 <= v < math.inf, "a number of seconds, 0 or more")
+
+
 def at_least(n: int):
     """A whole number >= n."""
     def check(text: str) -> int:

@@ -7,8 +7,9 @@ import argparse
 
 from ..store.reports import DEFAULT_REPORT_ROOT
 from . import check
-from .arguments import Parser, at_least, device_arg, fraction, growth, plugin_arg, report_arg, seconds
+from .arguments import Parser, at_least, budget, device_arg, fraction, growth, plugin_arg, report_arg, seconds
 from .commands import cmd_bench, cmd_list, cmd_mutants, cmd_report, cmd_repro
+from .minimal import default_seconds
 from .run_command import cmd_run
 
 # argparse's object for `harness <cmd>`'s options (add_subparsers' return value, not importable by name)
@@ -68,6 +69,9 @@ def _run(sub: Subcommands) -> None:
     r.add_argument("--repeats", type=at_least(1), default=2, help="backend runs per cell (2 checks determinism)")
     r.add_argument("--hypothesis", type=at_least(0), default=0, metavar="N",
                    help="also run N hypothesis-drawn cases (operators that declare a strategy)")
+    r.add_argument("--shrink-seconds", type=budget, default=default_seconds(), metavar="S",
+                   help="seconds to search each failing (operator, backend, dtype)'s smallest failing case, shown "
+                        "first in the report (default 60, or $HARNESS_SHRINK_SECONDS; 0: off)")
     r.add_argument("--resume", action="store_true",
                    help="skip cells that already have a result from a run at this commit (a sweep cut short)")
     _compare_options(r)

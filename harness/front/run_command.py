@@ -31,6 +31,7 @@ from ..run.session import RunRequest, RunSession, load_plugins
 from ..store import reports
 from ..store.reports import ensure_harness_dir
 from .commands import operators_of
+from .minimal import shrink_failures
 from .run_summary import comparison_summary, print_summary, save_repros
 
 
@@ -68,7 +69,7 @@ def checked_request(a: argparse.Namespace) -> RunRequest:
                       list(a.plugin), a.seed, a.repeats, a.case, a.report,
                       command="harness " + " ".join(shlex.quote(x) for x in sys.argv[1:]), compare=a.compare,
                       compare_fail=a.compare_fail, compare_require=a.compare_require,
-                      compare_accept=a.compare_accept)
+                      compare_accept=a.compare_accept, shrink_seconds=a.shrink_seconds)
 
 
 def ray_pool(a: argparse.Namespace, req: RunRequest) -> RayExecutor | None:
@@ -136,6 +137,7 @@ def conclude(session: RunSession, pool: Any, t0: float) -> int:
         comparison, too_few = session.compare(), None  # before rendering: the report shows it
     except UsageError as e:  # too few cells compared: the report is still written, then exit 2
         comparison, too_few = session.comparison, e
+    shrink_failures(session, session.req.shrink_seconds)  # before the report: it shows them first
     t_render = time.time()
     paths = session.render()
     pool.stats["render_s"] = time.time() - t_render

@@ -28,8 +28,10 @@ from ..store.reports import (
     atomic_write,
     latest_run,
     load,
+    minimal_cases,
     record_line,
 )
+from .sections import compared_section, minimal_section
 from .terminal import fmt
 
 log = logging.getLogger("harness")
@@ -112,7 +114,8 @@ def _main_run(cells: list[CellRecord], runs: dict[str, dict]) -> dict:
 
 
 def render_markdown(op: str, cells: list[CellRecord], runs: dict[str, dict], device_class: str = "",
-                    heat: dict[tuple, str] | None = None, comparison: Comparison | None = None) -> str:
+                    heat: dict[tuple, str] | None = None, comparison: Comparison | None = None,
+                    minimal: list[dict] | None = None) -> str:
     judged = judge_cells(cells, device_class)
     mark_regressions(judged, comparison)
     main = _main_run(cells, runs) if runs else {}
@@ -132,8 +135,9 @@ def render_markdown(op: str, cells: list[CellRecord], runs: dict[str, dict], dev
     lines += _runs_section(cells, runs, main.get("run_id"))
     lines += _missing_section(cells, latest)
     lines += _summary_section(judged, runs)
+    lines += minimal_section(minimal or [])
     lines += _failures_section(judged, runs, main.get("run_id"), heat or {})
-    lines += _compared_section(comparison)
+    lines += compared_section(comparison)
     lines += _declared_section(judged)
     skips = sorted({(j.record.backend, j.record.error) for j in judged if j.shown == "SKIP"})
     if skips:
@@ -246,39 +250,6 @@ def _failures_section(judged: list[CellJudgement], runs: dict[str, dict], main_i
                 lines.append(f"  - contract `{k.name}` violated: {k.detail}")
         lines += [f"  - note: {n}" for n in j.notes]
     return lines + [""]
-
-
-def _compared_section(comparison: Comparison | None) -> list[str]:
-    """Regressions first (with both ratios and both commits), then new failures, improvements and what
-    could not be compared."""
-    if comparison is None:
-        return []
-    lines = [f"## Compared with `{comparison.ref}`", "", comparison.counts_line() + ".", ""]
-    rows = [(c, ch) for c in comparison.regressed for ch in c.regressions]
-    if rows:
-        lines += ["**Regressions**" + (" (accepted)" if comparison.accepted else "") + ":", "",
-                  "| case | backend | dtype | component | ratio | before | now | growth | commits |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for c, ch in rows:
-            lines.append(f"| `{c.cell.case.name}` | {c.cell.backend} | {c.cell.dtype} | {ch.component} | "
-                         f"{ch.metric} | {fmt(ch.before)} | {fmt(ch.after)} | {ch.growth:.2f}x | "
-                         f"`{c.ref_header.get('commit', '?')}` -> this run |")
-        lines.append("")
-    new = [c for c in comparison.cells if c.newly_failing]
-    if new:
-        lines += ["Passed in REF and fail now: " + ", ".join(
-            f"`{c.cell.backend}/{c.cell.dtype}/{c.cell.case.name}`" for c in new) + ".", ""]
-    better = [(c, ch) for c in comparison.cells for ch in c.improvements]
-    if better:
-        lines += ["Improved: " + "; ".join(f"`{c.cell.backend}/{c.cell.dtype}/{c.cell.case.name}` {ch.text()}"
-                                           for c, ch in better[:20])
-                  + (f"; and {len(better) - 20} more" if len(better) > 20 else "") + ".", ""]
-    why: dict[str, int] = {}
-    for c in comparison.not_comparable:
-        why[c.why_not] = why.get(c.why_not, 0) + 1
-    if why:
-        lines += ["Not comparable: " + "; ".join(f"{n} cell(s): {w}" for w, n in sorted(why.items())) + ".", ""]
-    return lines
 
 
 def _declared_section(judged: list[CellJudgement]) -> list[str]:
@@ -468,7 +439,8 @@ def render(dir_: Path, op: str, pending: dict | None = None, pictures: bool = Tr
     judged, comparison = judged_cells(dir_, op, cells, runs)
     heat = heatmaps(dir_, op, judged, draw=pictures)
     md, js = dir_ / f"{op}.md", dir_ / f"{op}.json"
-    atomic_write(md, render_markdown(op, cells, runs, dir_.name, heat, comparison))
+    minimal = minimal_cases(dir_, op, (latest_run(runs) if runs else {}).get("run_id"))
+    atomic_write(md, render_markdown(op, cells, runs, dir_.name, heat, comparison, minimal))
     planned, missing = missing_cells(cells, latest_run(runs) if runs else {})
     payload = {
         "operator": op,
@@ -476,6 +448,7 @@ def render(dir_: Path, op: str, pending: dict | None = None, pictures: bool = Tr
         # the latest run's planned cells without a result (a run stopped midway, or still running)
         "incomplete": {"planned": len(planned), "missing": missing} if missing else None,
         "summary": {f"{b}/{d}": v for (b, d), v in counts(judged).items()},
+        "minimal": minimal,
         "cells": [_judged_json(j) for j in judged],
     }
     atomic_write(js, json.dumps(payload, indent=1, default=str) + "\n")

@@ -71,6 +71,9 @@ class RunRequest:
     # the machines the cells run on, when they are not this one (an executor on a cluster): their device,
     # device class and package versions, as the executor found them; the device is then not looked for here
     elsewhere: dict[str, Any] | None = None
+    # seconds to search each failing (operator, backend, dtype)'s minimal failing case (0: none; harness run's
+    # --shrink-seconds, harness/front/minimal.py)
+    shrink_seconds: float = 0.0
 
 
 class RunSession:

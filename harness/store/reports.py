@@ -299,6 +299,23 @@ def compact(dir_: Path, op: str) -> None:
         lock.release()
 
 
+def minimal_path(dir_: Path, op: str) -> Path:
+    """Where a run keeps its minimal failing cases of ``op`` beside the report (harness/front/minimal.py)."""
+    return dir_ / f"{op}.minimal.json"
+
+
+def minimal_cases(dir_: Path, op: str, run_id: str | None) -> list[dict]:
+    """The minimal failing cases kept for ``op`` by the run ``run_id`` (an earlier run's are stale: [])."""
+    path = minimal_path(dir_, op)
+    if not run_id or not path.exists():
+        return []
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [m for m in found if isinstance(m, dict) and m.get("run_id") == run_id]
+
+
 def record_line(d: dict) -> str:
     return json.dumps(d, default=str, separators=(",", ":"))
 
