@@ -40,8 +40,8 @@ def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     env.pop("HARNESS_SHRINK_SECONDS", None)
     return subprocess.run(
-        [sys.executable, "-m", "harness", "run", "--kernel", "rmsnorm", "--backend", "mutant:rmsnorm-dy-read-contiguous",
-         "--sizes", "smoke", "--case", "R8-F32-xT-res", "--dtype", "float32", "--device", "cpu", "--no-progress",
+        [sys.executable, "-m", "harness", "run", "--kernel", "rmsnorm",
+         "--backend", "mutant:rmsnorm-dy-read-contiguous", "--sizes", "smoke", "--case", "R8-F32-xT-res", "--dtype", "float32", "--device", "cpu", "--no-progress",
          "--report", str(tmp_path / "r"), *extra],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
