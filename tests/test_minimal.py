@@ -39,10 +39,10 @@ def test_a_case_nothing_smaller_of_which_fails_gives_none_and_time_bounds_the_se
 def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     env.pop("HARNESS_SHRINK_SECONDS", None)
-    return subprocess.run(
-        [sys.executable, "-m", "harness", "run", "--kernel", "rmsnorm",
-         "--backend", "mutant:rmsnorm-dy-read-contiguous", "--sizes", "smoke", "--case", "R8-F32-xT-res", "--dtype", "float32", "--device", "cpu", "--no-progress",
-         "--report", str(tmp_path / "r"), *extra],
+    args = ["run", "--kernel", "rmsnorm", "--backend", "mutant:rmsnorm-dy-read-contiguous", "--sizes", "smoke",
+            "--case", "R8-F32-xT-res", "--dtype", "float32", "--device", "cpu", "--no-progress",
+            "--report", str(tmp_path / "r"), *extra]
+    return subprocess.run([sys.executable, "-m", "harness", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
