@@ -134,10 +134,6 @@ def C(name: str, N: int, H: int, V: int, tags: tuple[str, ...] = (), microbatche
     return Case(name, {"N": N, "H": H, "V": V, **kw}, tags, microbatches)
 
 
-LSE_NONE = C("N10-H16-V50-lse-none", 10, 16, 50, ("lse", "reduction"), ignored=0.2, return_lse=True,
-             reduction="none")
-
-
 def smoke(device: str) -> list[Case]:
     return [
         C("N7-H16-V31", 7, 16, 31, ("tiny",), ignored=0.2),
@@ -151,7 +147,9 @@ def smoke(device: str) -> list[Case]:
           ignored=0.2, ignore_index=0, normalizer=49.0, layout_hidden="pad", layout_weight="perm:1,0"),
         C("N9-H16-V40-sum-ls", 9, 16, 40, ("reduction", "smoothing"), ignored=0.2, reduction="sum",
           label_smoothing=0.1),
-        twin(LSE_NONE, "mixed"), *adversarial(LSE_NONE),
+        twin(C("N10-H16-V50-lse-none", 10, 16, 50, ("lse", "reduction"), ignored=0.2, return_lse=True,
+               reduction="none"), "mixed"), *adversarial(C("N10-H16-V50-lse-none", 10, 16, 50, ("lse", "reduction"),
+                                                         ignored=0.2, return_lse=True, reduction="none")),
     ]
 
 

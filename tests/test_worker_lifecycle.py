@@ -30,6 +30,12 @@ OOM = "killed by signal 9 (SIGKILL): often the kernel's OOM killer; see dmesg"
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads processes from /proc")
 
 
+def smoke_cases() -> int:
+    """mhc_pre's smoke cases on a CPU: what a run of one backend over both dtypes has twice."""
+    from harness.model.registry import get_operator
+    return len(get_operator("mhc_pre").cases("smoke", "cpu"))
+
+
 def harness_run(tmp_path: Path, pids: Path, *args: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "harness", "run", "--kernel", "mhc", "--sizes", "smoke", "--device", "cpu",
            "--report", str(tmp_path / "r"), "--no-progress", "--plugin", LIFECYCLE, *args]
@@ -197,12 +203,14 @@ def test_a_backend_that_hangs_twice_in_a_row_is_given_up_on(tmp_path: Path):
     print(f"hang test: {len(got)} cells, {len(ns)} run, {wall:.1f} s in all, "
           f"{wall - (ns[0]['t'] - t0) if ns else 0:.1f} s from the first hang")
     assert p.returncode == 1, out
-    assert len(got) == 10 and all(c["status"] == "TIMEOUT" for c in got), out
+    assert len(got) == 2 * smoke_cases() and all(c["status"] == "TIMEOUT" for c in got), out
     assert [c["error"] for c in got[:2]] == ["no result after 3 s; worker killed and restarted"] * 2, got[:2]
-    assert [c["error"] for c in got[2:]] == [NOT_RUN] * 8, [c["error"] for c in got]
-    assert [n["name"] for n in ns] == ["hangs", "hangs"], ns  # the other 8 never reached the backend
-    summary = [ln.split() for ln in out.splitlines() if ln.split()[:1] == ["hangs"]]  # "hangs float16 5 timeout"
-    assert sorted(ln[1:] for ln in summary) == [["float16", "5", "timeout"], ["float32", "5", "timeout"]], out
+    cases = smoke_cases()
+    assert [c["error"] for c in got[2:]] == [NOT_RUN] * (2 * cases - 2), [c["error"] for c in got]
+    assert [x["name"] for x in ns] == ["hangs", "hangs"], ns  # the others never reached the backend
+    summary = [ln.split() for ln in out.splitlines() if ln.split()[:1] == ["hangs"]]  # "hangs float16 8 timeout"
+    assert sorted(ln[1:] for ln in summary) == [["float16", str(cases), "timeout"],
+                                                ["float32", str(cases), "timeout"]], out
     # two timeouts, not ten: from the second hang's start, one timeout and the run's end (before: 8 more cells,
     # each a timeout and a worker's restart, 37 s at --workers 2)
     assert time.time() - ns[1]["t"] < 3 * 3, out
@@ -230,13 +238,15 @@ def test_the_pytest_plugins_worker_gives_up_on_a_backend_that_hangs_twice(tmp_pa
 
 def test_max_hangs_0_tries_every_cell(tmp_path: Path):
     pids = tmp_path / "pids"
-    p = harness_run(tmp_path, pids, "--backend", "hangs", "--case", "T1", "--timeout", "2", "--max-hangs", "0")
+    # T16-xpad-gradT and the twins of n2-D24-T17: five cells, each tried
+    p = harness_run(tmp_path, pids, "--backend", "hangs", "--case", "T1", "--dtype", "float32", "--timeout", "2",
+                    "--max-hangs", "0")
     out, _ = p.communicate(timeout=600)
     kill_leftovers(notes(pids))
     got = cells(tmp_path)
     assert p.returncode == 1, out
-    assert len(got) == 4 and all(c["error"].startswith("no result after 2 s") for c in got), got
-    assert len(notes(pids)) == 4
+    assert len(got) == 5 and all(c["error"].startswith("no result after 2 s") for c in got), got
+    assert len(notes(pids)) == 5
 
 
 def test_a_worker_killed_from_outside_mid_cell_is_a_crash_that_names_sigkill(tmp_path: Path):
@@ -259,13 +269,13 @@ def test_a_worker_killed_from_outside_mid_cell_is_a_crash_that_names_sigkill(tmp
     finally:
         if p.poll() is None:
             p.kill()
-    assert len(killed) == 2, out
+    assert len(killed) == 5, out  # T16-xpad-gradT and the four twins of n2-D24-T17
     got = cells(tmp_path)
     assert p.returncode == 1, out
     hung = [c for c in got if c["backend"] == "hangs"]
-    assert [c["status"] for c in hung] == ["CRASH", "CRASH"], hung
+    assert [c["status"] for c in hung] == ["CRASH"] * 5, hung
     assert all(c["error"] == f"worker process died ({OOM}) while running this cell" for c in hung), hung
-    assert [c["shown"] for c in got if c["backend"] == "golden"] == ["PASS", "PASS"], got
+    assert [c["shown"] for c in got if c["backend"] == "golden"] == ["PASS"] * 5, got
 
 
 def test_the_hang_guard_counts_timeouts_in_a_row_per_backend():
@@ -329,8 +339,8 @@ def test_on_ray_a_backend_that_hangs_twice_is_given_up_on(tmp_path: Path):
     hung = [c for c in got if c["error"].startswith("no result after 3 s")]
     stood_in = [c for c in got if c["error"] == NOT_RUN]
     assert r.returncode == 1, out
-    assert len(got) == 10 and all(c["status"] == "TIMEOUT" for c in got), out
-    assert 2 <= len(hung) <= 3 and len(stood_in) == 10 - len(hung), [c["error"] for c in got]
+    assert len(got) == 2 * smoke_cases() and all(c["status"] == "TIMEOUT" for c in got), out
+    assert 2 <= len(hung) <= 3 and len(stood_in) == 2 * smoke_cases() - len(hung), [c["error"] for c in got]
 
 
 @pytest.mark.parametrize("max_hangs, tried", [(None, 2), ("0", 3)])
@@ -379,8 +389,8 @@ def test_resume_runs_the_cells_not_run_because_the_backend_hung(tmp_path: Path):
     assert first.returncode == 1, first.stdout + first.stderr
     hung = [c for c in cells(tmp_path) if c["error"].startswith("no result after")]
     given_up = [c for c in cells(tmp_path) if c["error"] == NOT_RUN]
-    assert len(hung) == 2 and len(given_up) == 3, cells(tmp_path)
+    assert len(hung) == 2 and len(given_up) == smoke_cases() - 2, cells(tmp_path)
     again = subprocess.run([*args, "--resume"], capture_output=True, text=True, timeout=600, env=env)
-    assert "2 of 5 cells already have a result" in again.stdout, again.stdout + again.stderr
+    assert f"2 of {smoke_cases()} cells already have a result" in again.stdout, again.stdout + again.stderr
     latest = {c["case"]["name"]: c["shown"] for c in cells(tmp_path)}  # the last record of each case wins
-    assert sorted(latest.values()) == ["PASS"] * 3 + ["TIMEOUT"] * 2, latest
+    assert sorted(latest.values()) == ["PASS"] * (smoke_cases() - 2) + ["TIMEOUT"] * 2, latest

@@ -31,7 +31,8 @@ register_backend(Backend(
     # ceilings: the worst ratios of the committed H100/H200/CPU sweeps (at 350e7a5), with about 2x room
     expected_gaps=(
         Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("loss",), ceiling=4e4, range_errors=True),
-        Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("lse",), ceiling=1200.0),  # 554x: H100 smoke
+        # 554x: H100 smoke; 1.36e3x on an H200 (smoke N10-H16-V50-lse-none's twins, bfloat16)
+        Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("lse",), ceiling=3000.0),
         Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("dbias",), ceiling=400.0),
         Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("dhidden",), ceiling=40.0),
         # the local rule (issue #44) sees the 16-bit logits' error in dweight's rows without a target, ~1/V of

@@ -39,6 +39,10 @@ register_backend(Backend(
     expected_gaps=(
         # one feature: dx = w * dy * eps / (h^2 + eps)^1.5 comes out of dy*w - h * h*dy*w / (h^2 + eps), a
         # cancellation in the case dtype: 1.1e3x (fp16, R3-F1) and 2.6e3x (bf16) the floor
+        # a stride-0 (constant) upstream gradient, whose sums a float32 floor adds almost exactly: rms 1.08x on an
+        # H200 (smoke R9-F33-res~expand, float16)
+        Gap(_EAGER + "; a constant upstream gradient's sums round in 16 bits", dtypes=("float16", "bfloat16"),
+            components=("dx", "dresidual"), ceiling=2.5),
         Gap(_EAGER + "; at one feature dx is a difference of nearly equal terms", dtypes=("float16", "bfloat16"),
             components=("dx", "dresidual"), tags=("features1",), ceiling=5e3),
         # |x| ~ 1e3: x^2 overflows fp16, rsqrt(inf) = 0 and every result is 0 (1.1e3x, R9-F70-large)
