@@ -37,14 +37,15 @@ register_backend(Backend(
     # ceilings: the worst ratios of the CPU sweep (float16; bfloat16 with --backend torch --dtype bfloat16), with
     # about 2x room; an H200 sweep (torch 2.11) stays inside them
     expected_gaps=(
+        # a stride-0 (constant) upstream gradient, whose sums a float32 floor adds almost exactly: rms 1.08x on an
+        # H200 (smoke R9-F33-res~expand, float16); 1.01x at CPU seed 2 (R9-F7)
+        Gap(_EAGER + "; dx's row sums round in 16 bits", dtypes=("float16", "bfloat16"),
+            components=("dx", "dresidual"), ceiling=2.5),
         # one feature: dx = w * dy * eps / (h^2 + eps)^1.5 comes out of dy*w - h * h*dy*w / (h^2 + eps), a
         # cancellation in the case dtype: 1.1e3x (fp16, R3-F1) and 2.6e3x (bf16) the floor
-        # a stride-0 (constant) upstream gradient, whose sums a float32 floor adds almost exactly: rms 1.08x on an
-        # H200 (smoke R9-F33-res~expand, float16)
-        Gap(_EAGER + "; a constant upstream gradient's sums round in 16 bits", dtypes=("float16", "bfloat16"),
-            components=("dx", "dresidual"), ceiling=2.5),
         Gap(_EAGER + "; at one feature dx is a difference of nearly equal terms", dtypes=("float16", "bfloat16"),
-            components=("dx", "dresidual"), tags=("features1",), ceiling=5e3),
+            components=("dx", "dresidual"), tags=("features1",), ceiling=5e3,
+            range_errors=True),  # fp16 rounds that difference to exactly 0 (R3-F1, CPU seed 2): all zeros
         # |x| ~ 1e3: x^2 overflows fp16, rsqrt(inf) = 0 and every result is 0 (1.1e3x, R9-F70-large)
         Gap(_EAGER + "; x^2 overflows float16 at |x| ~ 1e3", dtypes=("float16",),
             components=("y", "residual_out", "dx", "dresidual", "dw"), tags=("large",), ceiling=2.5e3,
