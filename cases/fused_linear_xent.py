@@ -147,6 +147,7 @@ def smoke(device: str) -> list[Case]:
           ignored=0.2, ignore_index=0, normalizer=49.0, layout_hidden="pad", layout_weight="perm:1,0"),
         C("N9-H16-V40-sum-ls", 9, 16, 40, ("reduction", "smoothing"), ignored=0.2, reduction="sum",
           label_smoothing=0.1),
+        C("N6-H64-V40-confident-none", 6, 64, 40, ("confident", "reduction"), confident=1.0, reduction="none"),
         twin(C("N10-H16-V50-lse-none", 10, 16, 50, ("lse", "reduction"), ignored=0.2, return_lse=True,
                reduction="none"), "mixed"), *adversarial(C("N10-H16-V50-lse-none", 10, 16, 50, ("lse", "reduction"),
                                                          ignored=0.2, return_lse=True, reduction="none")),
@@ -163,6 +164,9 @@ def _edge_cases(N: int, H: int, V: int) -> list[Case]:
         C(f"{s}-ign100-mean", N, H, V, ("ignored", "nan-mean"), ignored=1.0),
         C(f"{s}-ign100-sum", N, H, V, ("ignored",), ignored=1.0, reduction="sum"),
         C(f"{s}-confident", N, H, V, ("confident",), confident=0.5, ignored=0.2),
+        # each token's loss ~ 1e-10 on its own (issue #44): log(1 + r) where log1p(r) was meant rounds it to 0
+        C(f"{s}-confident-none", N, H, V, ("confident", "reduction"), confident=1.0, ignored=0.2,
+          reduction="none"),
         C(f"{s}-sum", N, H, V, ("reduction",), ignored=0.2, reduction="sum"),
         C(f"{s}-none", N, H, V, ("reduction",), ignored=0.2, reduction="none"),
         C(f"{s}-ls", N, H, V, ("smoothing",), ignored=0.2, label_smoothing=0.1),

@@ -82,3 +82,17 @@ register_mutant(Mutant(
                         hint="local")),
     local_only=True,
     description="planted: the probabilities of one vocabulary tile (1024-1151) 10% high"))
+
+# A careful floor (issue #44): a confident token's loss is log1p(r), r ~ 1e-10. The float32 floor used to form it
+# as m + log(1 + r) - z_y, which rounds it to 0, so a kernel doing the same passed; the floor now keeps it
+# (references/softmax_xent.py, careful_cross_entropy) and tests/test_careful_floor.py shows both verdicts.
+CONFIDENT = C("zoo-N16-H64-V67-confident-none", 16, 64, 67, ("confident", "reduction"), confident=1.0,
+              reduction="none")
+register_mutant(Mutant(
+    id="xent-log-not-log1p", operator="fused_linear_xent", backend="triton",
+    seed="issue 44 (log instead of log1p)",
+    edits=(("kernels.py", "    log_s = _log1p(r)\n", "    log_s = tl.log(1.0 + r)\n"),),
+    # in 16 bits the unmutated kernel's dweight is off too there (adapter.py, _DZ_FLUSHED)
+    expect=(Expectation(CONFIDENT, "float32", fail=("loss",), passing=("dhidden", "dweight", "dbias")),
+            Expectation(CONFIDENT, "float16", fail=("loss",)), Expectation(CONFIDENT, "bfloat16", fail=("loss",))),
+    description="the row's log-sum-exp as log(1 + r) instead of log1p(r): a confident token's loss rounds to 0"))

@@ -236,6 +236,7 @@ def smoke(device: str) -> list[Case]:
           ignore_index=0),
         C("N8-V31-normalizer", 8, 31, ("normalizer",), ignored=0.2, normalizer=25.0),
         C("N8-V31-microbatch2", 8, 31, ("microbatch",), microbatches=2),
+        C("N4-V100-confident-none", 4, 100, ("confident", "reduction"), confident=1.0, reduction="none"),
         twin(none, "mixed"), *adversarial(none),
     ]
 
@@ -247,6 +248,8 @@ def _edge_cases(N: int, V: int) -> list[Case]:
         C(f"{s}-scale10", N, V, ("scale",), scale=10.0, ignored=0.2),
         C(f"{s}-confident", N, V, ("confident",), confident=0.5, ignored=0.2),
         C(f"{s}-confident-ls", N, V, ("confident", "smoothing"), confident=1.0, label_smoothing=0.1),
+        # each row's loss ~ 1e-10 on its own (issue #44): log(1 + r) where log1p(r) was meant rounds it to 0
+        C(f"{s}-confident-none", N, V, ("confident", "reduction"), confident=1.0, ignored=0.2, reduction="none"),
         C(f"{s}-extreme", N, V, ("extreme",), extreme=True, ignored=0.2),
         C(f"{s}-extreme-zloss-ls", N, V, ("extreme", "z-loss", "smoothing"), extreme=True, z_loss=1e-3,
           label_smoothing=0.05),
@@ -268,7 +271,7 @@ def _edge_cases(N: int, V: int) -> list[Case]:
 
 
 # edge classes repeated at a small vocabulary (one tile): scale, stability, the NaN mean, layout
-SMALL_V_EDGES = ("scale10", "confident", "extreme", "ign100-mean", "pad", "none")
+SMALL_V_EDGES = ("scale10", "confident", "confident-none", "extreme", "ign100-mean", "pad", "none")
 
 
 # GPU sweep bound: the float64 oracle and its float32 floors keep ~100 bytes per logit on the device

@@ -1,7 +1,9 @@
 """Golden reference of ``softmax_xent``: the common cross-entropy loss of specs/xent.md.
 
 Dtype-generic: all math runs in the dtype of ``logits`` (float64 for the oracle, float32 for the
-floor reference); the harness rounds the loss to its float32 contract dtype afterwards.
+floor reference); the harness rounds the loss to its float32 contract dtype afterwards. The loss's value is
+computed as a careful float32 kernel computes it, with log1p (careful_cross_entropy): the float32 floor is
+then what such a kernel achieves on confident rows, not what a naive one does.
 
 All tokens ignored under ``mean`` with no normalizer: the loss is NaN and every gradient is exactly 0,
 as with torch's ``F.cross_entropy``. Dividing by D = 0 inside the graph would give g/0 = inf in the
@@ -40,6 +42,8 @@ def xent_from_logits(z: Tensor, targets: Tensor, *, ignore_index: int = -100, re
     loss_i = lse - (1.0 - eps) * z_y
     if eps != 0.0:
         loss_i = loss_i - (eps / V) * z.sum(dim=1)
+    # the value a careful kernel gives, the gradient of the plain graph (see careful_cross_entropy)
+    loss_i = loss_i + (careful_cross_entropy(z.detach(), z_y.detach(), eps) - loss_i).detach()
     if lam != 0.0:
         loss_i = loss_i + lam * lse * lse
     mu = valid.to(z.dtype)
@@ -52,6 +56,27 @@ def xent_from_logits(z: Tensor, targets: Tensor, *, ignore_index: int = -100, re
         # 0/0: a NaN loss whose gradient is exactly zero (see the module docstring)
         return (loss_i * torch.zeros_like(mu)).sum() + float("nan"), lse
     return (loss_i * (mu / D)).sum(), lse
+
+
+def careful_cross_entropy(z: Tensor, z_y: Tensor, eps: float) -> Tensor:
+    """Each row's cross-entropy LSE - (1-eps) z_y - (eps/V) sum(z), as a careful float32 kernel computes it:
+    (1-eps) ((m - z_y) + log1p(r)) + eps ((m - mean z) + log1p(r)), m the row max and r the sum of
+    exp(z - m) over every entry but one max.
+
+    A confident row (r ~ 1e-10) keeps its loss log1p(r) ~ r to float32's relative precision, where
+    m + log(1 + r) - z_y rounds 1 + r to 1 and the loss to 0 (issue #44: with that floor, a kernel taking
+    log instead of log1p passed). The gradients stay those of the plain graph: the target's p - 1
+    cancels the same way in every kernel that forms softmax - onehot, the CUDA one's expm1 aside."""
+    with torch.no_grad():
+        m, top = z.max(dim=1)
+        e = torch.exp(z - m[:, None])
+        e.scatter_(1, top[:, None], 0.0)
+        log_s = torch.log1p(e.sum(dim=1))
+        del e
+        ce = (1.0 - eps) * ((m - z_y) + log_s)
+        if eps != 0.0:
+            ce = ce + eps * ((m - z.mean(dim=1)) + log_s)
+    return ce
 
 
 def softmax_xent(logits: Tensor, targets: Tensor, *, ignore_index: int = -100, reduction: str = "mean",

@@ -37,6 +37,8 @@ def test_resume_and_compare_match_the_committed_reports_as_before(op: str):
     tasks = plan([op], header["sizes"], None, None, "cpu", seed=header.get("seed") or 0).tasks
     # the offset, unaligned and expand twins (issue #44) came after: the figures are of the cells planned then
     tasks = [t for t in tasks if t.case.params.get("twin") not in ADVERSARIAL]
+    # and so did the confident cases under reduction none (issue #44, careful floors)
+    tasks = [t for t in tasks if not t.case.name.endswith("confident-none")]
     with contextlib.redirect_stdout(io.StringIO()):
         left, _ = resume(tasks, CPU, header["commit"])
     comparison = compare(cells, header, load_reference(str(CPU.parent), "cpu", [op]))

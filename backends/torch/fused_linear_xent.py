@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from harness.backends.torch.softmax_xent import xent_loss
+from harness.backends.torch.softmax_xent import CONFIDENT_LOSS, xent_loss
 
 from harness import Backend, ContractException, Gap, register_backend
 
@@ -30,11 +30,14 @@ register_backend(Backend(
     operator="fused_linear_xent", name="torch", impl=fused_linear_xent_torch, devices=("cpu", "cuda"),
     # ceilings: the worst ratios of the committed H100/H200/CPU sweeps (at 350e7a5), with about 2x room
     expected_gaps=(
+        CONFIDENT_LOSS,
         Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("loss",), ceiling=4e4, range_errors=True),
         # 554x: H100 smoke; 1.36e3x on an H200 (smoke N10-H16-V50-lse-none's twins, bfloat16)
         Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("lse",), ceiling=3000.0),
         Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("dbias",), ceiling=400.0),
         Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("dhidden",), ceiling=40.0),
+        # every token confident (the gradients ~1e-10, 16-bit probabilities of them): 67.5x on CPU (N32-H24-V129)
+        Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("dhidden",), tags=("confident",), ceiling=150.0),
         # the local rule (issue #44) sees the 16-bit logits' error in dweight's rows without a target, ~1/V of
         # those with one: up to 179x its local bound on an H200 (seed 31, N1000-H2048-V32000 float16)
         Gap(_EAGER, dtypes=("bfloat16", "float16"), components=("dweight",), ceiling=400.0),

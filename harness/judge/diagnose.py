@@ -294,6 +294,24 @@ def _nonfinite(fig: ComponentFigures) -> list[Hint]:
 NO_STRUCTURE = Hint("none", "no structure found")
 
 
+# under float32's eps: a value that small beside an O(1) term of the same sum rounds away with it
+_UNRESOLVED = 2.0**-23
+
+
+def _zeros(fig: ComponentFigures, dtype: str) -> Hint:
+    """All zeros where the oracle is not: never written; or, where every oracle value is below float32's eps, as
+    likely lost beside an O(1) term (log(1 + x) for log1p(x)); or, in float16, an intermediate flushed below its
+    range. The figures cannot tell these apart, so the hint names each that they allow."""
+    flushed = ("; or a float16 intermediate flushed to 0 below its range (smallest subnormal 6e-8)"
+               if dtype == "float16" else "")
+    if 0.0 < fig.oracle_max < _UNRESOLVED:
+        return Hint("zeros", f"all zeros where the oracle is not, whose values are all below float32's eps "
+                             f"(max |oracle| {fig.oracle_max:.2g}): rounded away beside an O(1) term (log(1 + x) "
+                             f"where log1p(x) keeps it, exp(x) - 1 where expm1(x) does){flushed}; or never written")
+    return Hint("zeros", "all zeros where the oracle is not: never written or never accumulated (a "
+                         f"missing store, or a store through another tensor's pointer){flushed}")
+
+
 def _local(fig: ComponentFigures, v: Verdict) -> Hint:
     """A failure of the local rule alone: the component is within its global bounds, one tile is not."""
     loc = fig.local
@@ -319,8 +337,7 @@ def hints_for(fig: ComponentFigures, v: Verdict, case_dtype: str = "") -> list[H
     if v.kind == "nonfinite":
         return _nonfinite(fig)
     if v.kind == "all-zero":
-        return [Hint("zeros", "all zeros where the oracle is not: never written or never accumulated (a "
-                              "missing store, or a store through another tensor's pointer)")]
+        return [_zeros(fig, case_dtype or fig.dtype)]
     # strongest evidence first: contrast along an axis, then the case-dtype yardstick (so that rounding
     # is not read as a scale), then a fitted scale, then an error shaped like the floor's
     axes = [_Axis.of(p, v) for p in fig.slices]

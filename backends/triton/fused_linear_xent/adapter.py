@@ -1,9 +1,16 @@
 """Registers the two Triton backends of ``fused_linear_xent`` (no triton import here)."""
 
-from harness import Backend, register_backend
+from harness import Backend, Gap, register_backend
 from harness.model.registry import interpreted
 
 _DIR = "backends/triton/fused_linear_xent/"
+# both modes form dZ in the GEMM dtype: a token whose every probability is ~1e-10 (cases tagged confident, each
+# token's gradient its own under reduction none) has a dZ below float16's smallest subnormal (6e-8), flushed to 0,
+# so its dweight is 0 where the floor's is not (CPU smoke N6-H64-V40-confident-none); bfloat16 keeps float32's
+# range, and float16 training's loss scaling lifts dZ back into range
+_DZ_FLUSHED = Gap("dZ is rounded to float16 for the GEMMs: a confident token's dZ (~1e-10) is below float16's "
+                  "range and flushes to 0", dtypes=("float16",), components=("dweight",), tags=("confident",),
+                  ceiling=1e7, range_errors=True)
 # token tile, vocabulary tile of the LSE partials, hidden tile of dweight: the
 # logits and dweight GEMM tiles of wrapper.INTERPRETER / wrapper.GPU (tests check they agree)
 BLOCKS = {"BLOCK_N": 16, "BLOCK_V": 128, "BLOCK_H": 16} if interpreted() else \
@@ -33,4 +40,4 @@ for _name, _impl, _desc in (
         devices=("cuda", "cpu"), interpret=True, requires=("triton",),
         dtypes=("float32", "bfloat16", "float16"), blocks=dict(BLOCKS),
         sources=tuple(_DIR + f for f in ("kernels.py", "wrapper.py", "adapter.py")),
-        deterministic=True, matmul_precision="ieee", description=_desc))
+        expected_gaps=(_DZ_FLUSHED,), deterministic=True, matmul_precision="ieee", description=_desc))

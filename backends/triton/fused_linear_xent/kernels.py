@@ -215,7 +215,10 @@ def _logits_kernel(h_ptr, w_ptr, b_ptr, y_ptr, z_ptr, pm_ptr, ps_ptr, pz_ptr, zy
         if z_ptr.dtype.element_ty == tl.float16:
             zs = z - m[:, None]
         tl.store(z_ptr + rm.to(tl.int64)[:, None] * s_zt + rn[None, :], zs.to(z_ptr.dtype.element_ty), mask=mask)
-    s = tl.sum(tl.exp(zm - m[:, None]), 1)
+    # r: the sum of exp(z - m) over the tile but one max entry (the other ties count 1 each), kept apart from
+    # that entry's 1 so that a confident row's loss log1p(r) keeps its digits (_row_stats_kernel)
+    top = zm == m[:, None]
+    s = tl.sum(tl.where(top, 0.0, tl.exp(zm - m[:, None])), 1) + (tl.sum(top.to(tl.float32), 1) - 1.0)
     if SMOOTH:
         sz = tl.sum(tl.where(cmask[None, :], z, 0.0), 1)
         tl.store(pz_ptr + rm.to(tl.int64) * s_p + pid_n, sz, mask=rmask)
@@ -229,32 +232,53 @@ def _logits_kernel(h_ptr, w_ptr, b_ptr, y_ptr, z_ptr, pm_ptr, ps_ptr, pz_ptr, zy
 
 
 @triton.jit
+def _log1p(r):
+    """log(1 + r) to float32's relative precision for r >= 0 (Kahan's: the rounding of 1 + r divided out), from
+    tl.log alone: libdevice's log1p is not available in the interpreter."""
+    u = 1.0 + r
+    exact = u == 1.0
+    return tl.where(exact, r, tl.log(u) * (r / tl.where(exact, 1.0, u - 1.0)))
+
+
+@triton.jit
 def _row_stats_kernel(pm_ptr, ps_ptr, pz_ptr, zy_ptr, y_ptr, lse_ptr, lt_ptr, T, NT, s_p, s_y,
                       ignore_index, eps, lam, inv_v, BR: tl.constexpr, BT: tl.constexpr, SMOOTH: tl.constexpr = True):
-    """Combines the per-tile partials of rows into LSE_i and the masked per-token loss mu_i * l_i."""
+    """Combines the per-tile partials of rows into LSE_i and the masked per-token loss mu_i * l_i.
+
+    A row's sum of exp(z - m) is carried as 1 + r, r without the max entry's 1 (the tiles' partials are r
+    too): LSE = m + log1p(r), and the loss (1-eps) ((m - z_y) + log1p(r)) + eps ((m - mean z) + log1p(r)),
+    so that a confident row (r ~ 1e-10) keeps its loss log1p(r), which m + log(1 + r) - z_y rounds to 0."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     rmask = rows < T
     m = tl.full((BR,), float("-inf"), tl.float32)
-    s = tl.zeros((BR,), dtype=tl.float32)
+    r = tl.zeros((BR,), dtype=tl.float32)
     sz = tl.zeros((BR,), dtype=tl.float32)
     for t0 in range(0, NT, BT):
         cols = t0 + tl.arange(0, BT)
         mask = rmask[:, None] & (cols[None, :] < NT)
         off = rows.to(tl.int64)[:, None] * s_p + cols[None, :]
         pm = tl.load(pm_ptr + off, mask=mask, other=float("-inf"))
-        ps = tl.load(ps_ptr + off, mask=mask, other=0.0)
+        pr = tl.load(ps_ptr + off, mask=mask, other=0.0)
         if SMOOTH:
             sz += tl.sum(tl.load(pz_ptr + off, mask=mask, other=0.0), 1)
-        m_new = tl.maximum(m, tl.max(pm, 1))
+        top = tl.max(pm, 1)
+        m_new = tl.maximum(m, top)
         # rows past T stay at -inf; keep their exponents finite instead of NaN
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * tl.exp(m - m_ref) + tl.sum(ps * tl.exp(pm - m_ref[:, None]), 1)
+        # the one term whose max is m_new keeps its r alone (its 1 is the 1 of 1 + r): the running sum where
+        # it holds the max, else the first tile at the max
+        kept = m >= top
+        first = tl.argmax(pm, 1)
+        star = (cols[None, :] == (t0 + first)[:, None]) & (~kept)[:, None]
+        tiles = tl.where(star, pr, (1.0 + pr) * tl.exp(pm - m_ref[:, None]))
+        r = tl.where(kept, r, (1.0 + r) * tl.exp(m - m_ref)) + tl.sum(tiles, 1)
         m = m_new
-    lse = m + tl.log(s)
+    log_s = _log1p(r)
+    lse = m + log_s
     y = tl.load(y_ptr + rows * s_y, mask=rmask, other=ignore_index)
     valid = (y != ignore_index) & rmask
     zy = tl.load(zy_ptr + rows, mask=valid, other=0.0)
-    loss = lse - (1.0 - eps) * zy - eps * inv_v * sz + lam * lse * lse
+    loss = (1.0 - eps) * ((m - zy) + log_s) + eps * ((m - inv_v * sz) + log_s) + lam * lse * lse
     tl.store(lse_ptr + rows, lse, mask=rmask)
     tl.store(lt_ptr + rows, tl.where(valid, loss, 0.0), mask=rmask)
 
