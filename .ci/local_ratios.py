@@ -15,7 +15,7 @@ from pathlib import Path
 
 from harness.judge.judgement import judge_cell
 from harness.model.records import CellRecord
-from harness.store.reports import load
+from harness.store.reports import load, operators_in
 
 
 def _global_only(c: CellRecord) -> CellRecord:
@@ -24,8 +24,9 @@ def _global_only(c: CellRecord) -> CellRecord:
 
 def _cells(dirs: list[str]):
     for d in dirs:
-        for jsonl in sorted(Path(d).glob("*/*.jsonl")):
-            yield from load(jsonl.parent, jsonl.stem)[0]
+        for folder in sorted(p for p in Path(d).iterdir() if p.is_dir()):
+            for op in operators_in(folder):
+                yield from load(folder, op)[0]
 
 
 def main(dirs: list[str], top: int = 10) -> int:

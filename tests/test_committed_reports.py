@@ -7,15 +7,15 @@ from pathlib import Path
 
 from harness.judge.judgement import judge_cell
 from harness.render.report import _summary_section, judged_cells
-from harness.store.reports import load
+from harness.store.reports import load, operators_in, record_files
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 
 
 def _cells():
     for d in sorted(p for p in REPORTS.iterdir() if p.is_dir()):
-        for j in sorted(d.glob("*.jsonl")):
-            for c in load(d, j.stem)[0]:
+        for op in operators_in(d):
+            for c in load(d, op)[0]:
                 yield d.name, c
 
 
@@ -74,7 +74,7 @@ def test_every_committed_report_re_judges_to_the_verdicts_it_shows():
     # Moving the harness into layers and the verdict into the judge alone (#42) changed none of them.
     checked = 0
     for md in sorted(REPORTS.rglob("*.md")):
-        if not md.with_suffix(".jsonl").exists():
+        if not record_files(md.parent, md.stem):
             continue
         text = md.read_text()
         cells, runs = load(md.parent, md.stem)

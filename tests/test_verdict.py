@@ -194,6 +194,32 @@ def test_a_report_mixing_runs_names_them_and_tags_earlier_cells(tmp_path):
     assert state() == before  # and the report reads the same
 
 
+def test_packed_records_are_read_with_the_lines_appended_since_and_stay_packed(tmp_path):
+    import gzip
+    import subprocess
+
+    from harness.measure.failures import error_cell
+    from harness.render.report import ReportWriter
+    from harness.store.reports import compact, load, operators_in
+
+    op = get_operator("mhc_pre")
+    a, b = op.cases("smoke", "cpu")[:2]
+    d = tmp_path / "cpu"
+    ReportWriter(tmp_path, "cpu", {"run_id": "r1", "commit": "a"}).append(
+        error_cell("mhc_pre", "golden", a, "float32", "cpu", 0, "ERROR", "packed, superseded"))
+    subprocess.run(["gzip", "-n", str(d / "mhc_pre.jsonl")], check=True)  # as the docs say to pack a folder
+    w = ReportWriter(tmp_path, "cpu", {"run_id": "r2", "commit": "b"})
+    w.append(error_cell("mhc_pre", "golden", a, "float32", "cpu", 0, "ERROR", "appended"))
+    w.append(error_cell("mhc_pre", "golden", b, "float32", "cpu", 0, "ERROR", "appended too"))
+    assert operators_in(d) == ["mhc_pre"]
+    before = sorted((c.case.name, c.error) for c in load(d, "mhc_pre")[0])
+    assert before == sorted([(a.name, "appended"), (b.name, "appended too")])
+    compact(d, "mhc_pre")
+    assert not (d / "mhc_pre.jsonl").exists()  # taken into the packed file
+    assert "superseded" not in gzip.decompress((d / "mhc_pre.jsonl.gz").read_bytes()).decode()
+    assert sorted((c.case.name, c.error) for c in load(d, "mhc_pre")[0]) == before
+
+
 def test_a_case_that_left_the_preset_leaves_the_report(tmp_path):
     from harness.measure.failures import error_cell
     from harness.model.registry import get_operator

@@ -68,7 +68,7 @@ def compared_as(cell: CellRecord) -> str:
 
 def load_reference(ref: str, device_class: str, operators: list[str], repo: Path | None = None) -> Reference:
     """REF as a report directory (``reports`` or ``reports/<device class>``), or a git revision whose
-    committed ``reports/<device class>/<operator>.jsonl`` are read."""
+    committed ``reports/<device class>/<operator>.jsonl`` (or ``.jsonl.gz``) are read."""
 
     out = Reference(ref)
     p = Path(ref)
@@ -82,10 +82,10 @@ def load_reference(ref: str, device_class: str, operators: list[str], repo: Path
         return out
     with tempfile.TemporaryDirectory(prefix="harness-compare-") as tmp:
         for op in operators:
-            text = _git_show(ref, f"reports/{device_class}/{op}.jsonl", repo)
-            if text is None:
-                continue
-            (Path(tmp) / f"{op}.jsonl").write_text(text)
+            for name in (f"{op}{reports.PACKED}", f"{op}.jsonl"):  # packed or not (harness/store/reports.py)
+                data = _git_show(ref, f"reports/{device_class}/{name}", repo)
+                if data is not None:
+                    (Path(tmp) / name).write_bytes(data)
             cells, runs = reports.load(Path(tmp), op)
             _add(out, cells, runs)
     if not out.cells:
@@ -100,13 +100,12 @@ def _add(out: Reference, cells: list[CellRecord], runs: dict[str, dict]) -> None
         out.cells[c.id] = c
 
 
-def _git_show(rev: str, path: str, repo: Path | None) -> str | None:
+def _git_show(rev: str, path: str, repo: Path | None) -> bytes | None:
     """``path`` at ``rev`` in the repository of the current folder (a user's project, where their reports are
     committed), else in the harness's own checkout (its committed evidence)."""
 
     for where in ([repo] if repo else [Path.cwd(), REPO_ROOT]):
-        r = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=where, capture_output=True, text=True,
-                           timeout=120)
+        r = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=where, capture_output=True, timeout=120)
         if r.returncode == 0:
             return r.stdout
     return None

@@ -72,15 +72,16 @@ def cmd_report(a: argparse.Namespace) -> int:
     if not root.is_dir():
         raise UsageError(f"--report {a.report}: no such folder; expected a report folder that `harness run` wrote "
                          f"(by default {DEFAULT_REPORT_ROOT} under the current folder)")
-    if not any(any(root.glob(g)) for g in ("*/*.jsonl", "bench-*.json", "*/bench-*.json", "*/mutants*.json")):
+    if not any(any(root.glob(g)) for g in ("*/*.jsonl", "*/*.jsonl.gz", "bench-*.json", "*/bench-*.json",
+                                            "*/mutants*.json")):
         raise UsageError(f"--report {a.report}: holds no reports (no <device-class>/<operator>.jsonl, no "
                          "bench-<operator>.json); expected a report folder that `harness run` or `harness bench` wrote")
     out = []
     for d in sorted(p for p in root.iterdir() if p.is_dir()):
-        for j in sorted(d.glob("*.jsonl")):
+        for op in reports.operators_in(d):
             try:
-                reports.compact(d, j.stem)  # only what the report shows: the history lives in git
-                out += report.render(d, j.stem)
+                reports.compact(d, op)  # only what the report shows: the history lives in git
+                out += report.render(d, op)
             except OSError as e:  # a full disk, a read-only folder: the folder given, not a harness bug
                 raise UsageError(f"--report {a.report}: cannot write the report in {d}: {e.strerror or e}") from e
     # bench reports: redrawn from their JSON, the targets judged by the operators' current declarations

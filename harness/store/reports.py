@@ -1,11 +1,17 @@
 """The report store: each operator's cell records, appended to ``<dir>/<device-class>/<operator>.jsonl`` as
 they finish; read back (newest result per cell wins), compacted, locked against a second run writing the
-same folder, and written atomically."""
+same folder, and written atomically.
+
+A folder may keep its records packed: ``<operator>.jsonl.gz`` (``gzip -n <operator>.jsonl`` once) holds what
+compaction kept, and compaction keeps it packed; a run still appends to ``<operator>.jsonl`` and load reads
+both. Committed evidence is kept so: JSON records compress about 6 to 9 times, which keeps the repository small
+enough to travel to a GPU machine (tests/test_repo_size.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import gzip
 import json
 import logging
 import os
@@ -46,13 +52,13 @@ def ensure_harness_dir(path: str | Path) -> None:
 
 
 
-def atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str | bytes) -> None:
     """``path`` replaced by ``text`` whole, or not at all: a write that fails (a full disk) leaves the old
     file as it was and removes its temporary file, then raises."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name, suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
         os.replace(tmp, path)
     except BaseException:
@@ -211,28 +217,46 @@ def _holder(fd: int) -> dict[str, Any]:
     return d if isinstance(d, dict) else {}
 
 
+PACKED = ".jsonl.gz"
+
+
+def record_files(dir_: Path, op: str) -> list[Path]:
+    """The files holding an operator's records, oldest first: its packed records, and the lines appended since."""
+    return [p for p in (dir_ / f"{op}{PACKED}", dir_ / f"{op}.jsonl") if p.exists()]
+
+
+def operators_in(dir_: Path) -> list[str]:
+    """The operators a report folder holds records of, packed or not."""
+    return sorted({p.name[: -len(PACKED)] for p in dir_.glob("*" + PACKED)} | {p.stem for p in dir_.glob("*.jsonl")})
+
+
+def _text(p: Path) -> str:
+    data = p.read_bytes()
+    if p.name.endswith(PACKED):
+        data = gzip.decompress(data)
+    return data.decode("utf-8", "replace")
+
+
 def load(dir_: Path, op: str) -> tuple[list[CellRecord], dict[str, dict]]:
     """The latest record of each cell (records of any schema version) and the run records."""
     cells: dict[CellId, CellRecord] = {}
     runs: dict[str, dict] = {}
-    p = dir_ / f"{op}.jsonl"
-    if not p.exists():
-        return [], {}
-    for n, line in enumerate(p.read_bytes().decode("utf-8", "replace").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-            if not isinstance(d, dict):
-                raise ValueError("not a record")
-        except ValueError:
-            _warn_cut(p, n, line)  # a line cut by a killed run or a full disk
-            continue
-        if "run" in d:
-            add_run(cells, runs, d["run"])
-        else:
-            rec = CellRecord.from_json(d)
-            cells[rec.id] = rec
+    for p in record_files(dir_, op):
+        for n, line in enumerate(_text(p).splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                if not isinstance(d, dict):
+                    raise ValueError("not a record")
+            except ValueError:
+                _warn_cut(p, n, line)  # a line cut by a killed run or a full disk
+                continue
+            if "run" in d:
+                add_run(cells, runs, d["run"])
+            else:
+                rec = CellRecord.from_json(d)
+                cells[rec.id] = rec
     return list(cells.values()), runs
 
 
@@ -276,8 +300,10 @@ def _drop_unplanned(cells: dict[CellId, CellRecord], runs: dict[str, dict], new:
 def compact(dir_: Path, op: str) -> None:
     """Rewrites ``op``.jsonl with only what the report shows: each cell's latest result and the run
     records those results (and the latest run) come from. Appending every run keeps the whole history,
-    which grows without bound in a repository that commits its reports; git keeps the history."""
+    which grows without bound in a repository that commits its reports; git keeps the history. A folder that
+    keeps the operator's records packed keeps them so, with the appended lines taken in."""
     p = dir_ / f"{op}.jsonl"
+    packed = dir_ / f"{op}{PACKED}"
     lock = FolderLock(dir_, None, " ".join(sys.argv))
     try:
         lock.acquire()  # a run appending to the file now would lose what it appends while it is rewritten
@@ -294,7 +320,12 @@ def compact(dir_: Path, op: str) -> None:
             if rid in keep:
                 lines.append(record_line({"run": run}))
                 lines += [record_line(_stored(c).to_json()) for c in cells if c.run_id == rid]
-        atomic_write(p, "\n".join(lines) + "\n")
+        text = "\n".join(lines) + "\n"
+        if packed.exists():  # mtime 0: the same records pack to the same bytes
+            atomic_write(packed, gzip.compress(text.encode(), compresslevel=9, mtime=0))
+            p.unlink(missing_ok=True)
+        else:
+            atomic_write(p, text)
     finally:
         lock.release()
 

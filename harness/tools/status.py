@@ -9,7 +9,7 @@ from pathlib import Path
 from ..across.compare import load_saved, mark
 from ..judge.judgement import counts, judge_cells
 from ..model.spec import short_dtype
-from ..store.reports import DEFAULT_REPORT_ROOT, atomic_write, latest_run, load
+from ..store.reports import DEFAULT_REPORT_ROOT, atomic_write, latest_run, load, operators_in
 from .perf_targets import target_cells
 
 
@@ -60,19 +60,19 @@ def write_status(root: Path) -> Path:
     columns: set[tuple[str, str]] = set()
     provenance = []
     for d in sorted(p for p in root.iterdir() if p.is_dir()):
-        for j in sorted(d.glob("*.jsonl")):
-            cells, runs = load(d, j.stem)
+        for op in operators_in(d):
+            cells, runs = load(d, op)
             if not cells:
                 continue
             latest = latest_run(runs) if runs else {}
             provenance.append(
-                f"- `{d.name}`/{j.stem}: {latest.get('device', '?')}, {latest.get('date', '?')}, "
+                f"- `{d.name}`/{op}: {latest.get('device', '?')}, {latest.get('date', '?')}, "
                 f"commit `{latest.get('commit', '?')}`"
             )
             judged = judge_cells(cells, d.name)
-            mark(judged, load_saved(d, j.stem, cells, runs))  # regressions against a --compare reference
+            mark(judged, load_saved(d, op, cells, runs))  # regressions against a --compare reference
             for (b, dt), row in counts(judged).items():
-                table.setdefault((j.stem, b), {})[(d.name, dt)] = row
+                table.setdefault((op, b), {})[(d.name, dt)] = row
                 columns.add((d.name, dt))
     cols = sorted(columns, key=lambda c: (c[0] != "cpu", c[0], ("float32", "bfloat16", "float16").index(c[1])
                                           if c[1] in ("float32", "bfloat16", "float16") else 9))
@@ -89,8 +89,8 @@ def write_status(root: Path) -> Path:
     ]
     for (op, b), row in sorted(table.items()):
         lines.append(f"| {op} | {b} | " + " | ".join(_entry(row[c]) if c in row else "" for c in cols) + " |")
-    reports = sorted({f"[{d.name}/{j.stem}]({d.name}/{j.stem}.md)" for d in root.iterdir() if d.is_dir()
-                      for j in d.glob("*.jsonl")})
+    reports = sorted({f"[{d.name}/{op}]({d.name}/{op}.md)" for d in root.iterdir() if d.is_dir()
+                      for op in operators_in(d)})
     lines += ["", "Reports: " + ", ".join(reports)]
     lines += _target_lines(root)
     lines += ["", "Provenance of the newest run per report:", ""] + provenance
