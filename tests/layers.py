@@ -21,6 +21,7 @@ TEST_LAYERS: dict[str, Layer] = {
     # in process, no subprocess: small CPU tensors or the source's AST; under 1 s a test (the most: 0.95 s)
     "test_cell_identity": "unit",  # not measured (new), by reading: plans, committed reports
     "test_committed_reports": "unit",
+    "test_digests": "unit",
     "test_draw_copies": "unit",
     "test_faults_table": "unit",
     "test_layers": "unit",  # not measured (new), by reading: AST checks of harness/

@@ -47,9 +47,13 @@ class Minimal:
     original: CellRecord
     cell: CellRecord
     bundle: Path
+    device_class: str  # the run's: a gap scoped to a device class reads here as in the report
+
+    def judged(self) -> CellJudgement:
+        return judge_cell(self.cell, device_class=self.device_class)
 
     def to_json(self, run_id: str) -> dict:
-        j = judge_cell(self.cell)
+        j = self.judged()
         return {"run_id": run_id, "backend": self.cell.backend, "dtype": self.cell.dtype,
                 "case": self.cell.case.to_json(), "from": self.original.case.name, "status": j.shown,
                 "failing": [f"{c.name}: {c.reason}" for c in j.failed_components],
@@ -57,7 +61,7 @@ class Minimal:
 
     def line(self) -> str:
         c = self.cell
-        failing = ", ".join(x.name for x in judge_cell(c).failed_components)
+        failing = ", ".join(x.name for x in self.judged().failed_components)
         return (f"minimal failing case: {c.operator}/{c.backend}/{c.dtype}: {c.case.name} "
                 f"{json.dumps(c.case.params, sort_keys=True)} (from {self.original.case.name}; {failing}); "
                 f"harness repro {self.bundle}")
@@ -130,7 +134,7 @@ def _shrunk(j: CellJudgement, worker: SingleWorker, session: RunSession, seconds
               f"smaller case fails the same way; {time.monotonic() - t0:.0f} s)")
         return None
     small = last[case.name]
-    return Minimal(cell, small, session.save_repro(small))
+    return Minimal(cell, small, session.save_repro(small), session.device_class)
 
 
 def _write(session: RunSession, found: list[Minimal]) -> None:

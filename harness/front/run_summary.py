@@ -7,16 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..judge.judgement import judge_cell
-from ..model import registry
 from ..model.records import CellRecord
-from ..model.spec import Case
-from ..model.strategies import shrink_failure
 from ..render import terminal
 from ..run.exit_codes import per_worker_counts
 from ..run.hangs import HangGuard
-from ..run.plan import plan
 from ..run.session import RunSession
-from ..run.single import SingleWorker
 
 MAX_REPROS = 20  # bundles saved per run: a sweep that fails everywhere would otherwise write hundreds
 
@@ -86,38 +81,10 @@ def busiest_backends(results: list[CellRecord], top: int = 5) -> str:
 
 
 def save_repros(session: RunSession) -> None:
-    """A bundle per failing cell; failing hypothesis-drawn cells are first shrunk to a minimal case."""
+    """A bundle per failing cell (the minimal failing cases, harness/front/minimal.py, get theirs there)."""
 
     # a cell not run because its backend hung before has nothing to replay: the cells that hung have bundles
     bad = [c for c in session.results if judge_cell(c, device_class=session.device_class).failing
            and not HangGuard.is_stand_in(c)]
-    shrunk: set[tuple] = set()
     for c in bad[:MAX_REPROS]:
-        key = (c.operator, c.backend, c.dtype)
-        if "hypothesis" in c.case.tags and key not in shrunk:
-            shrunk.add(key)
-            c = shrink(c, session.device) or c
         print(f"repro: harness repro {session.save_repro(c)}")
-
-
-def shrink(cell: CellRecord, device: str) -> CellRecord | None:
-    """The failing cell of the smallest case hypothesis finds that still fails as ``cell`` did, or None."""
-    ex = SingleWorker(device, registry.plugins_loaded(), timeout=120, max_hangs=0)
-    last: dict[str, CellRecord] = {}
-
-    def fails(case: Case) -> bool:
-        t = plan([cell.operator], "smoke", [cell.backend], [cell.dtype], device, cases={cell.operator: [case]}).tasks[0]
-        got = ex.run_one(t)
-        if judge_cell(got).failing:
-            last["cell"] = got
-            return True
-        return False
-
-    try:
-        case = shrink_failure(cell.operator, device.split(":")[0], fails)
-    finally:
-        ex.close()
-    if case is not None and "cell" in last:
-        print(f"shrunk {cell.case.name} to {case.name}")
-        return last["cell"]
-    return None

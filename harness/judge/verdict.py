@@ -118,7 +118,9 @@ def transposed(fig: ComponentFigures) -> str:
 @dataclass
 class Verdict:
     """The pinned rule applied to one component's figures. ``kind`` says which clause decided it:
-    "bound", "nonfinite", "all-zero", "shape", "missing" ("" for a pass)."""
+    "bound" (a global criterion), "local" (the local rule alone: within the global bounds, one tile is not),
+    "nonfinite", "all-zero", "shape", "missing" ("" for a pass). ``ratio_local``: the worst tile's error over the
+    local bound (0 where the record has no local figures)."""
 
     verdict: str  # PASS | FAIL | SHAPE
     reason: str = ""

@@ -3,19 +3,21 @@ bundle is replayed, and compared by --compare (two runs' cells are comparable on
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import dataclasses
 import functools
 import hashlib
 import inspect
-import re
-from pathlib import Path
+import sys
+import textwrap
+import types
 from typing import Any
 
 import torch
 
-from ..model import inputs
 from ..model.registry import get_operator
 from ..model.spec import Case
-from . import oracle
 from .oracle import drawn_inputs
 
 
@@ -39,71 +41,113 @@ def input_digest(op: Any, case: Case, dtype: torch.dtype, seed: int, device: str
     return tensors_digest(inputs.tensors), tensors_nbytes(inputs.tensors)
 
 
-# harness/'s layer folders: a module's place among them is not part of what the oracle computes
-LAYERS = ("model", "judge", "store", "measure", "across", "render", "run", "tools", "front")
-_LAYER_IN_PATH = re.compile(r"(?<=harness[./])(?:" + "|".join(LAYERS) + r")[./]")
-_RELATIVE_LAYER = re.compile(r"^(\s*from )\.\.(?:" + "|".join(LAYERS) + r")\.?", re.M)
-_IMPORT = re.compile(r"from (?:\.|harness)\S* import [^(\n]*")
+# The harness modules that make a cell's inputs, oracle and floor, hashed whole (as code: comments aside).
+ORACLE_MODULES = ("harness.measure.oracle", "harness.measure.orders", "harness.measure.tf32",
+                  "harness.measure.chunking", "harness.model.inputs", "harness.model.twins")
+# OperatorSpec fields that list, draw, time or describe cases without defining any case's inputs, oracle, floor
+# or figures: a case added to a preset, or a benchmark, changes no cell's digest
+NOT_ORACLE = frozenset({"presets", "aliases", "strategy", "cost_model", "bench_cases", "perf_targets", "baseline",
+                        "doc"})
 
 
-def _placeless(text: str) -> str:
-    """A source text as it read before harness/ had layer folders: each harness module named without its
-    layer (harness.model.inputs -> harness.inputs, ..model.inputs -> .inputs, and a file's path in a comment
-    likewise) and each run of one-line imports of harness modules sorted as it was. The moves into
-    layers thereby left every operator's digest, and the committed reports' comparability, as they were."""
-    lines = _RELATIVE_LAYER.sub(r"\1.", _LAYER_IN_PATH.sub("", text)).split("\n")
-    out: list[str] = []
-    run: list[str] = []
-    for line in [*lines, None]:
-        if line is not None and _IMPORT.fullmatch(line):
-            run.append(line)
-            continue
-        out += sorted(run)
-        run = []
-        if line is not None:
-            out.append(line)
-    return "\n".join(out)
+def _code(source: str) -> str:
+    """Source as code: comments and layout aside where it parses whole (a lambda's line may not)."""
+    try:
+        return ast.unparse(ast.parse(textwrap.dedent(source)))
+    except SyntaxError:
+        return source.strip()
 
 
-def _without_adversarial(text: str) -> str:
-    """A case module as it read before its presets listed the adversarial layout twins (issue #44): each
-    `` *adversarial(...),`` of a preset list and its import taken out. A preset's list of cases is not part of
-    what the oracle of any one case computes, so adding cases left the operator's digest, and the committed
-    reports' comparability, as they were."""
-    text = text.replace("import adversarial, twin,", "import twin,")
-    out, at = [], 0
-    while (start := text.find(" *adversarial(", at)) >= 0:
-        depth, i = 0, start + len(" *adversarial")
-        while True:  # to the parenthesis that closes the call
-            depth += {"(": 1, ")": -1}.get(text[i], 0)
-            i += 1
-            if depth == 0:
-                break
-        out.append(text[at:start])
-        at = i + 1 if text[i:i + 1] == "," else i
-    return "".join(out) + text[at:]
+def _module_code(name: str) -> str:
+    mod = sys.modules.get(name)
+    try:
+        return _code(inspect.getsource(mod)) if mod is not None else name
+    except (OSError, TypeError):  # no source file
+        return name
 
 
-def _as_placed_before(path: str) -> str:
-    """The path a harness module had before the layer folders: the digest hashes files in that order."""
-    p = Path(path)
-    return str(p.parent.parent / p.name) if p.parent.name in LAYERS and p.parent.parent.name == "harness" else path
+def _followed(module: str) -> bool:
+    """Whether a definition of ``module`` is hashed as code: an operator's own (cases/, references/, a plugin), not
+    torch's, the standard library's or the harness's layers (ORACLE_MODULES are hashed whole)."""
+    if module.startswith(("harness.cases", "harness.references")):
+        return True
+    if module.startswith("harness") or module.split(".")[0] in sys.stdlib_module_names:
+        return False
+    path = str(getattr(sys.modules.get(module), "__file__", None) or "")
+    return bool(path) and "site-packages" not in path and "dist-packages" not in path
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _global_names(c)
+    return names
+
+
+def _walk(obj: Any, out: list[str], seen: dict[int, int]) -> None:
+    """What defines ``obj`` into ``out``: a function's code, the module-level values and closures it reads and
+    what defines them in turn; a dataclass's fields; a plain value's repr. A function, class or dataclass met
+    before is written as a reference to its first place (``seen``: id -> its number), so that cycles end and the
+    text still differs wherever the structure does."""
+    if isinstance(obj, (int, float, str, bool, bytes, type(None), torch.dtype)):
+        out.append(repr(obj))
+        return
+    if id(obj) in seen:
+        out.append(f"@{seen[id(obj)]}")
+        return
+    seen[id(obj)] = len(seen)
+    if isinstance(obj, functools.partial):
+        for x in (obj.func, obj.args, obj.keywords):
+            _walk(x, out, seen)
+    elif inspect.isfunction(obj) or inspect.ismethod(obj):
+        fn = inspect.unwrap(getattr(obj, "__func__", obj))
+        if not _followed(fn.__module__):
+            out.append(f"{fn.__module__}.{fn.__qualname__}")
+            return
+        out.append(fn.__qualname__)  # with its code below: the module it sits in does not matter
+        with contextlib.suppress(OSError, TypeError):
+            out.append(_code(inspect.getsource(fn)))
+        for name in sorted(_global_names(fn.__code__)):
+            if name in fn.__globals__:
+                _walk(fn.__globals__[name], out, seen)
+        for x in (fn.__defaults__ or ()) + tuple(c.cell_contents for c in fn.__closure__ or ()
+                                                 if c.cell_contents is not None):
+            _walk(x, out, seen)
+    elif isinstance(obj, (tuple, list)):
+        for x in obj:
+            _walk(x, out, seen)
+    elif isinstance(obj, dict):
+        for k in sorted(obj, key=repr):
+            out.append(repr(k))
+            _walk(obj[k], out, seen)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out.append(type(obj).__qualname__)
+        for f in dataclasses.fields(obj):
+            _walk(getattr(obj, f.name), out, seen)
+    elif inspect.isclass(obj) and _followed(obj.__module__):
+        with contextlib.suppress(OSError, TypeError):
+            out.append(_code(inspect.getsource(obj)))
+    else:  # a module, a class of a library, an object: by name
+        out.append(getattr(obj, "__name__", type(obj).__qualname__))
 
 
 @functools.cache
 def oracle_code(op_name: str) -> str:
-    """A digest of the code that makes a cell's inputs, oracle and floor: the operator's reference and case
-    modules and harness/measure/oracle.py and harness/model/inputs.py. Two runs' cells with the same digest,
-    seed and inputs were judged against the same oracle, so a change in their error is the backend's."""
-    op = get_operator(op_name)
-    files = {inspect.getsourcefile(m) for m in (oracle, inputs)}
-    for fn in (op.reference, op.make_inputs):
-        try:
-            files.add(inspect.getsourcefile(fn))
-        except TypeError:  # a builtin or a C function: no source to hash
-            pass
-    h = hashlib.sha1()
-    for f in sorted((x for x in files if x), key=_as_placed_before):
-        text = _without_adversarial(_placeless(Path(f).read_bytes().decode("utf-8", "surrogateescape")))
-        h.update(text.encode("utf-8", "surrogateescape"))
-    return h.hexdigest()[:12]
+    """A digest of the code that makes a cell's inputs, oracle, floor and figures: the harness's ORACLE_MODULES, and
+    what every OperatorSpec field outside NOT_ORACLE is defined by (its reference, make_inputs, components,
+    extra bound, ... and the operator code they read), as code: comments, layout and the presets' lists of cases
+    aside. Two runs' cells with the same digest, seed and inputs were judged against the same oracle, so a change
+    in their error is the backend's."""
+    return spec_code(get_operator(op_name))
+
+
+def spec_code(op: Any) -> str:
+    """oracle_code of an OperatorSpec (uncached)."""
+    out = [_module_code(name) for name in ORACLE_MODULES]
+    seen: dict[int, int] = {}
+    for f in dataclasses.fields(op):
+        if f.name not in NOT_ORACLE:
+            out.append(f.name)
+            _walk(getattr(op, f.name), out, seen)
+    return hashlib.sha1("\n".join(out).encode("utf-8", "surrogateescape")).hexdigest()[:12]

@@ -22,6 +22,7 @@ from ..model.spec import Case, Component, Inputs, OperatorSpec
 from ..model.twins import base_case, twin_grad_outputs, twin_inputs
 from . import chunking
 from .chunking import ChunkPlan, PartialSums, draw_signs, nudge
+from .orders import ORDER_BLOCKS, TiledOrder
 from .tf32 import TF32Matmuls
 
 Tensor = torch.Tensor
@@ -43,6 +44,11 @@ FLOOR_SAMPLES = 7
 # L33-W16-H4 dk 1.00x -> 3.58x, L17-W100-B3-qkvT dtau 1.01x -> 50x (a draw that flipped a kink-marked
 # element). Each draw is judged against its own float64 oracle, so a larger nudge samples more roundings.
 PERTURB = 2.0**-22
+# Besides, one perturbed draw per block of orders.ORDER_BLOCKS has its long reductions summed in a tiled kernel's
+# order (harness/measure/orders.py): a careful kernel's order rounds a long sum several times more than torch's,
+# and a component that is one such sum (a scalar) was judged against the luck of torch's order alone (issue #44).
+# DRAW_ORDERS: each perturbed draw's order, 0 for torch's own.
+DRAW_ORDERS = (0,) * FLOOR_SAMPLES + ORDER_BLOCKS
 PERTURB_TF32 = 2.0**-10
 # How the floor of a TF32-declared backend reduces the matmul operands (harness/measure/tf32.py): towards zero,
 # as the tensor core does with the float32 bits Triton's TF32 tl.dot gives it (measured on an H100,
@@ -278,7 +284,8 @@ def _check_outputs(outs: dict[str, Any], grad_outputs: dict[str, Tensor]) -> Non
 
 
 def reference_run(
-    op: OperatorSpec, inputs: Inputs, grad_outputs: dict[str, Tensor] | None, compute: torch.dtype, tf32: bool = False
+    op: OperatorSpec, inputs: Inputs, grad_outputs: dict[str, Tensor] | None, compute: torch.dtype, tf32: bool = False,
+    order: int = 0,
 ) -> tuple[dict, dict, dict]:
     """The reference on ``inputs`` with all math in ``compute``, differentiated against ``grad_outputs``.
 
@@ -286,13 +293,16 @@ def reference_run(
     reduced to TF32 explicitly (harness/measure/tf32.py, ``TF32_ROUNDING``), the same bits on the CPU and the
     GPU, while cuBLAS's own TF32 stays off, so nothing is left to its heuristics. It never applies to a
     float64 run (the oracle): the mode is entered for float32 compute only, and reduces float32 operands.
+    ``order`` (float32 only): the long reductions summed block by block in order, blocks of ``order``
+    (harness/measure/orders.py: an order draw of the floor).
     """
     t = _upcast(inputs.tensors, compute)
     g = _upcast(grad_outputs, compute) if grad_outputs is not None else None
     prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        with TF32Matmuls(TF32_ROUNDING) if tf32 and compute == torch.float32 else contextlib.nullcontext():
+        with TF32Matmuls(TF32_ROUNDING) if tf32 and compute == torch.float32 else contextlib.nullcontext(), \
+                TiledOrder(order) if order and compute == torch.float32 else contextlib.nullcontext():
             outs, grads = evaluate(op, op.reference, t, inputs.options, g)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
@@ -349,11 +359,11 @@ def oracle_and_floor(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int
     summaries: dict[str, list[FloorSummary]] = {}
     pgen = generator(op.name, case.name, case.params, seed, "floor-samples")
     rel = PERTURB_TF32 if tf32 else PERTURB
-    for _ in range(FLOOR_SAMPLES):
+    for order in DRAW_ORDERS:
         pin = Inputs(_perturb(inputs.tensors, pgen, rel), inputs.options)
         pg = _perturb(g, pgen, rel)
         po, pgr, _ = reference_run(op, pin, pg, torch.float64)
-        ro, rgr, _ = reference_run(op, pin, pg, torch.float32, tf32=tf32)
+        ro, rgr, _ = reference_run(op, pin, pg, torch.float32, tf32=tf32, order=order)
         ro = {k: v.to(contract.get(k, v.dtype)) for k, v in ro.items()}
         rgr = {k: v.to(inputs.tensors[k].dtype) for k, v in rgr.items() if v is not None}
         _summarize(op, case, ro, po, rgr, pgr, summaries)
@@ -533,15 +543,17 @@ def resolved_plan(op: OperatorSpec, plan: ChunkPlan, inputs: Inputs) -> tuple[Ch
 
 
 def chunk_references(op: OperatorSpec, plan: ChunkPlan, inputs: Inputs, grad_outputs: dict[str, Tensor],
-                     tf32: bool, signs: dict[str, Tensor] | None = None, rel: float = 0.0, floor: bool = True):
+                     tf32: bool, signs: dict[str, Tensor] | None = None, rel: float = 0.0, floor: bool = True,
+                     order: int = 0):
     """Per chunk, in order: the chunk, its oracle's outputs and gradients (float64) and its floor's (float32
-    math, unrounded: partial sums are added up before they are rounded; empty without ``floor``)."""
+    math, unrounded: partial sums are added up before they are rounded; empty without ``floor``; ``order``:
+    see reference_run)."""
     for chunk in plan.chunks:
         cin, cg = plan.chunk_inputs(inputs, grad_outputs, chunk, signs, rel)
         oo, og, _ = reference_run(op, cin, cg, torch.float64)
         ro, rg = ({}, {})
         if floor:
-            ro, rg, _ = reference_run(op, cin, cg, torch.float32, tf32=tf32)
+            ro, rg, _ = reference_run(op, cin, cg, torch.float32, tf32=tf32, order=order)
         yield chunk, oo, og, ro, rg
 
 
@@ -600,7 +612,7 @@ def _oracle_and_floor_chunked(op: OperatorSpec, case: Case, inputs: Inputs, cont
     o_grad: dict[str, Any] = {}
     err_out: dict[str, list] = {}
     err_grad: dict[str, list] = {}
-    for sample in range(FLOOR_SAMPLES + 1):
+    for sample, order in enumerate((0, *DRAW_ORDERS)):
         signs = None
         if sample:
             signs = draw_signs(inputs.tensors, pgen, per_chunk=plan.device is not None)
@@ -608,7 +620,7 @@ def _oracle_and_floor_chunked(op: OperatorSpec, case: Case, inputs: Inputs, cont
         o_sums, r_sums = PartialSums(plan, tree=False), PartialSums(plan, tree=True)
         accs = {c.name: chunking.SummaryAcc() for c in split}
         seen: dict[str, dict[str, bool]] = {"out": {}, "grad": {}}
-        for chunk, oo, og, ro, rg in chunk_references(op, plan, inputs, g, tf32, signs, rel):
+        for chunk, oo, og, ro, rg in chunk_references(op, plan, inputs, g, tf32, signs, rel, order=order):
             for kind, o_t, r_t in (("out", oo, ro), ("grad", og, rg)):
                 for name, ov in o_t.items():
                     seen[kind].setdefault(name, ov is not None)

@@ -2,8 +2,8 @@
 
 Operators declare ``strategy(device)`` (a hypothesis strategy of Case objects biased to block
 boundaries and odd sizes). ``sample_cases`` draws examples for `harness run --hypothesis N`;
-``shrink_failure`` lets hypothesis minimize a failing case to the smallest shape that still fails;
-``shrink_case`` does so below any failing case (a sweep's), along its own parameters and layouts.
+``shrink_case`` finds the smallest failing case below a failing one (a sweep's or a drawn one), along its own
+parameters and layouts (harness/front/minimal.py runs it on every failing triple of a run).
 """
 
 from __future__ import annotations
@@ -38,37 +38,6 @@ def sample_cases(op_name: str, device: str, n: int, seed_: int = 0) -> list[Case
             names.add(c.name)
             out.append(c)
     return out[:n]
-
-
-def shrink_failure(
-    op_name: str, device: str, fails: Callable[[Case], bool], max_examples: int = 60, seed_: int = 0
-) -> Case | None:
-    """The smallest case hypothesis finds for which ``fails`` is true, or None."""
-    op = registry.get_operator(op_name)
-    if op.strategy is None:
-        return None
-    found: list[Case] = []
-
-    @seed(seed_)
-    @settings(
-        max_examples=max_examples,
-        database=None,
-        suppress_health_check=_ALL_CHECKS,
-        deadline=None,
-        phases=[Phase.generate, Phase.shrink],
-        report_multiple_bugs=False,
-    )
-    @given(op.strategy(device))
-    def check(case: Case) -> None:
-        if fails(case):
-            found.append(case)
-            raise AssertionError(case.name)
-
-    try:
-        check()
-    except AssertionError:
-        return found[-1] if found else None
-    return None
 
 
 def shrink_case(case: Case, fails: Callable[[Case], bool], seconds: float) -> Case | None:

@@ -1,0 +1,109 @@
+"""Float32 reductions in a tiled kernel's order: the summation orders the floor's order draws sample.
+
+The floor reference (harness/measure/oracle.py) sums in whatever order torch picks: a tree or many-accumulator
+sum, blocked GEMMs. A careful float32 kernel often sums otherwise: a GEMM's K loop adds one tile's dot product
+to a float32 accumulator per step, a reduction over tokens adds one block's partial per program. For a long
+reduction that order rounds several times more than torch's, and a component that is one or a few such sums
+(a scalar gradient such as mHC's dalpha, a bias gradient over 65,536 tokens) was judged against the luck of
+torch's order alone: correct kernels failed it at up to 5.6x (issue #44).
+
+:class:`TiledOrder` runs a float32 evaluation with every long reduction in that order: the reduced extent cut into
+blocks of ``block`` in order, each block reduced by torch, the block partials added one at a time to a float32
+running sum. Matrix products (``mm``, ``bmm``, ``addmm``, ``baddbmm``) are cut along K, sums and means along
+their reduced elements (flattened). Like :class:`harness.measure.tf32.TF32Matmuls` it is a
+``TorchDispatchMode``, below autograd, so a backward's reductions (the sum that broadcasting's gradient is) are
+taken in that order too; under both modes, the TF32 mode entered first, each block's product has its operands
+reduced to TF32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+Tensor = torch.Tensor
+aten = torch.ops.aten
+
+# The blocks of the order draws: 32, a GEMM's K tile in Triton's usual configurations and the most sequential
+# steps; 256, a reduction kernel's block of tokens.
+ORDER_BLOCKS = (32, 256)
+
+
+def _running(parts: list[Tensor]) -> Tensor:
+    acc = parts[0]
+    for p in parts[1:]:
+        acc = acc + p
+    return acc
+
+
+class TiledOrder(TorchDispatchMode):
+    """Float32 reductions longer than ``block`` summed block by block, in order (module doc)."""
+
+    def __init__(self, block: int):
+        super().__init__()
+        self.block = block
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = _HANDLERS.get(func)
+        if handler is not None and all(t.dtype == torch.float32 for t in args if isinstance(t, Tensor)):
+            out = handler(self.block, *args, **kwargs)
+            if out is not None:
+                return out
+        return func(*args, **kwargs)
+
+
+def _mm(block: int, a: Tensor, b: Tensor) -> Tensor | None:
+    k = a.shape[-1]
+    if k <= block:
+        return None
+    return _running([a[..., k0:k0 + block] @ b[..., k0:k0 + block, :] for k0 in range(0, k, block)])
+
+
+def _addmm(block: int, c: Tensor, a: Tensor, b: Tensor, *, beta: float = 1, alpha: float = 1) -> Tensor | None:
+    ab = _mm(block, a, b)
+    if ab is None:
+        return None
+    ab = ab if alpha == 1 else ab * alpha
+    return ab + (c if beta == 1 else c * beta) if beta != 0 else ab
+
+
+def _sum(block: int, x: Tensor, dim: list[int] | None = None, keepdim: bool = False, *,
+         dtype: torch.dtype | None = None) -> Tensor | None:
+    if dtype not in (None, torch.float32) or x.dim() == 0:
+        return None
+    dims = sorted(d % x.dim() for d in (dim if dim else range(x.dim())))
+    kept = [d for d in range(x.dim()) if d not in dims]
+    flat = x.permute(*kept, *dims).reshape(*[x.shape[d] for d in kept], -1)
+    n = flat.shape[-1]
+    if n <= block:
+        return None
+    out = _running([flat[..., i:i + block].sum(-1) for i in range(0, n, block)])
+    if keepdim:
+        for d in dims:
+            out = out.unsqueeze(d)
+    return out
+
+
+def _mean(block: int, x: Tensor, dim: list[int] | None = None, keepdim: bool = False, *,
+          dtype: torch.dtype | None = None) -> Tensor | None:
+    s = _sum(block, x, dim, keepdim, dtype=dtype)
+    if s is None:
+        return None
+    dims = dim if dim else range(x.dim())
+    count = 1
+    for d in dims:
+        count *= x.shape[d]
+    return s / count
+
+
+_HANDLERS = {
+    aten.mm.default: _mm,
+    aten.bmm.default: _mm,
+    aten.addmm.default: _addmm,
+    aten.baddbmm.default: _addmm,
+    aten.sum.default: lambda block, x, *, dtype=None: _sum(block, x, None, False, dtype=dtype),
+    aten.sum.dim_IntList: _sum,
+    aten.mean.dim: _mean,
+    aten.mean.default: lambda block, x, *, dtype=None: _mean(block, x, None, False, dtype=dtype),
+}
