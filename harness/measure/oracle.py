@@ -617,7 +617,9 @@ def _oracle_and_floor_chunked(op: OperatorSpec, case: Case, inputs: Inputs, cont
         if sample:
             signs = draw_signs(inputs.tensors, pgen, per_chunk=plan.device is not None)
             signs.update(draw_signs(g, pgen, per_chunk=plan.device is not None))
-        o_sums, r_sums = PartialSums(plan, tree=False), PartialSums(plan, tree=True)
+        # an order draw adds the chunks' partial sums one at a time too (harness/measure/orders.py): a kernel at
+        # the whole shape sums over all of the tokens, not over a tree of chunks
+        o_sums, r_sums = PartialSums(plan, tree=False), PartialSums(plan, tree=not order)
         accs = {c.name: chunking.SummaryAcc() for c in split}
         seen: dict[str, dict[str, bool]] = {"out": {}, "grad": {}}
         for chunk, oo, og, ro, rg in chunk_references(op, plan, inputs, g, tf32, signs, rel, order=order):
