@@ -22,6 +22,7 @@ TEST_LAYERS: dict[str, Layer] = {
     "test_cell_identity": "unit",  # not measured (new), by reading: plans, committed reports
     "test_committed_reports": "unit",
     "test_digests": "unit",
+    "test_orders": "unit",
     "test_draw_copies": "unit",
     "test_faults_table": "unit",
     "test_layers": "unit",  # not measured (new), by reading: AST checks of harness/

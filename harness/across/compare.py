@@ -82,10 +82,9 @@ def load_reference(ref: str, device_class: str, operators: list[str], repo: Path
         return out
     with tempfile.TemporaryDirectory(prefix="harness-compare-") as tmp:
         for op in operators:
-            for name in (f"{op}{reports.PACKED}", f"{op}.jsonl"):  # packed or not (harness/store/reports.py)
-                data = _git_show(ref, f"reports/{device_class}/{name}", repo)
-                if data is not None:
-                    (Path(tmp) / name).write_bytes(data)
+            names = (f"{op}{reports.PACKED}", f"{op}.jsonl")  # packed or not (harness/store/reports.py)
+            for name, data in _git_show(ref, [f"reports/{device_class}/{n}" for n in names], repo).items():
+                (Path(tmp) / Path(name).name).write_bytes(data)
             cells, runs = reports.load(Path(tmp), op)
             _add(out, cells, runs)
     if not out.cells:
@@ -100,15 +99,19 @@ def _add(out: Reference, cells: list[CellRecord], runs: dict[str, dict]) -> None
         out.cells[c.id] = c
 
 
-def _git_show(rev: str, path: str, repo: Path | None) -> bytes | None:
-    """``path`` at ``rev`` in the repository of the current folder (a user's project, where their reports are
-    committed), else in the harness's own checkout (its committed evidence)."""
-
+def _git_show(rev: str, paths: list[str], repo: Path | None) -> dict[str, bytes]:
+    """Those of ``paths`` that exist at ``rev``, all from one repository: the current folder's (a user's project,
+    where their reports are committed) where it has any of them, else the harness's own checkout (its committed
+    evidence). Never some from each: the two hold different cells."""
     for where in ([repo] if repo else [Path.cwd(), REPO_ROOT]):
-        r = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=where, capture_output=True, timeout=120)
-        if r.returncode == 0:
-            return r.stdout
-    return None
+        found = {}
+        for path in paths:
+            r = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=where, capture_output=True, timeout=120)
+            if r.returncode == 0:
+                found[path] = r.stdout
+        if found:
+            return found
+    return {}
 
 
 @dataclass
