@@ -69,7 +69,7 @@ TEST_LAYERS: dict[str, Layer] = {
     "test_verdict": "e2e",
     "test_local_rule": "unit",
     "test_local_mutants": "e2e",
-    "test_careful_floor": "e2e",  # Triton interpreted, in process: ~10 s
+    "test_careful_floor": "e2e",  # two processes, Triton interpreted: ~15 s
     "test_minimal": "e2e",
     # kernels built and run on a GPU (skipped on a CPU machine)
     "test_cuda_mhc_pre": "e2e",

@@ -5,6 +5,7 @@ writes under .harness/ (which ignores itself), leaving any checkout clean."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -80,7 +81,8 @@ def test_the_default_report_folder_is_one_constant_used_by_the_parser_and_the_re
 def test_recorded_on_a_gpu_class_without_records_takes_another_gpu_class_s(tmp_path: Path):
     """A first run on an h200 with cpu/ and h100/ records beside it: the h100 records rank its groups (this
     crashed with "'str' object is not callable" on every GPU run into such a folder)."""
-    lines = (ROOT / "reports" / "cpu" / "mhc_pre.jsonl").read_text().splitlines()  # the committed CPU sweep's
+    # the committed CPU sweep's records (kept packed: harness/store/reports.py)
+    lines = gzip.decompress((ROOT / "reports" / "cpu" / "mhc_pre.jsonl.gz").read_bytes()).decode().splitlines()
     for d in ("cpu", "h100"):
         (tmp_path / d).mkdir()
     (tmp_path / "cpu" / "mhc_pre.jsonl").write_text("\n".join(lines) + "\n")

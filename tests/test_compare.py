@@ -167,7 +167,7 @@ def test_a_git_revision_of_the_users_own_project_is_read_from_the_current_folder
     git("init", "-q")
     first = run()
     assert first.returncode == 0, first.stdout + first.stderr
-    git("add", "reports/cpu/mhc_pre.jsonl")
+    git("add", "reports")
     git("commit", "-qm", "evidence")
     again = run("--compare", "HEAD")
     assert again.returncode == 0, again.stdout + again.stderr

@@ -1,4 +1,5 @@
-"""Property-based search: a failing drawn case is shrunk, saved as a bundle, and replays in one command."""
+"""Property-based search: a failing drawn case is shrunk to its minimal failing case (harness/front/minimal.py),
+saved as a bundle, and replays in one command."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def test_hypothesis_failure_is_shrunk_saved_and_replayed(tmp_path: Path):
             "--report",
             str(tmp_path),
             "--no-progress",
+            "--shrink-seconds",
+            "120",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -42,9 +45,8 @@ def test_hypothesis_failure_is_shrunk_saved_and_replayed(tmp_path: Path):
         timeout=900,
     )
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "shrunk" in r.stdout
-    bundles = re.findall(r"repro: harness repro (\S+)", r.stdout)
-    assert bundles
+    bundles = re.findall(r"minimal failing case: mhc_pre/lastblock/float32: .* harness repro (\S+)", r.stdout)
+    assert bundles, r.stdout
     b = json.loads((Path(bundles[0]) / "bundle.json").read_text())
     p = b["case"]["params"]
     # minimal: just past one block of nD, and a single token
