@@ -27,12 +27,12 @@ def _tile(R, F, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
 
 
 @triton.jit
-def _tanh(x):
-    # tanh(|x|) = 1 - 2 / (exp(2|x|) + 1), sign restored; |x| clamped at 20, where tanh is 1 in float32,
-    # so that exp never overflows
-    a = tl.minimum(tl.abs(x), 20.0)
-    t = 1.0 - 2.0 / (tl.exp(2.0 * a) + 1.0)
-    return tl.where(x < 0, -t, t)
+def _tanh_gap(x):
+    # 1 - |tanh(x)| = 2q / (1 + q) with q = exp(-2|x|): computed directly, so that 1 + tanh(x) for x < 0 and
+    # 1 - tanh(x)^2 keep their digits where tanh saturates (1 - t*t in float32 cancels to 0 or one ulp of 1
+    # there); q underflows to 0 instead of exp overflowing
+    q = tl.exp(-2.0 * tl.abs(x))
+    return 2.0 * q / (1.0 + q)
 
 
 @triton.jit
@@ -47,9 +47,12 @@ def _act(g, ACT: tl.constexpr):
         a = g * cdf
         da = cdf + g * (0.3989422804014327 * tl.exp(-0.5 * g * g))
     else:
-        t = _tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))
-        a = 0.5 * g * (1.0 + t)
-        da = 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * g * g)
+        z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        e = _tanh_gap(z)
+        one_plus_t = tl.where(z < 0, e, 2.0 - e)
+        a = 0.5 * g * one_plus_t
+        # 1 - t^2 = (1 - |t|)(1 + |t|) = e (2 - e)
+        da = 0.5 * one_plus_t + 0.5 * g * (e * (2.0 - e)) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * g * g)
     return a, da
 
 
