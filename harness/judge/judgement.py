@@ -149,12 +149,14 @@ def judge_cells(recs: list[CellRecord], device_class: str = "") -> list[CellJudg
 def layout_hints(judged: list[CellJudgement]) -> None:
     """A failing layout twin (harness/model/twins.py) whose base cell (same backend, dtype and seed) passes is
     told so: the layout is the difference, so the hint names it and drops the claims a layout explains better
-    (precision, a never-written buffer, NaN, a local error). The ``expand`` twin has values of its own (a
-    constant gradient), so for it only a gross failure is laid to the layout."""
+    (precision, a never-written buffer, NaN, a local error). Only a gross failure is laid to the layout: a
+    marginal one (every ratio at most 2x) is another draw of the rounding, which a twin makes as much as its base
+    (golden mhc_pre's ``~stride`` twin of n4-D100-T3 failed dphi.pre at 1.01x rms at CPU seed 2, its base
+    passing), and the ``expand`` twin has values of its own (a constant gradient)."""
     shown = {j.record.id: j.shown for j in judged}
     for j in judged:
         which = j.record.case.params.get("twin")
-        if which is None or j.shown != "FAIL" or (which == "expand" and j.severity != "gross"):
+        if which is None or j.shown != "FAIL" or j.severity != "gross":
             continue
         base = CellId.of(j.record.operator, j.record.backend, j.record.dtype, base_case(j.record.case),
                          j.record.seed)

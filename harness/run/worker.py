@@ -34,6 +34,7 @@ def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threa
     registry.discover()
     for p in plugins:
         registry.load_plugin(p)
+    _warm_imports()
     conn.send({"ready": True, "pid": os.getpid()})
     while True:
         try:
@@ -53,6 +54,16 @@ def worker_main(conn: Connection, env: dict[str, str], plugins: list[str], threa
             sys.exit(3)
         if task["device"].startswith("cuda") and cell.status.value != "SKIP":
             torch.cuda.empty_cache()  # cached blocks would starve other workers sharing this GPU
+
+
+def _warm_imports() -> None:
+    """What every cell imports, imported before the worker says it is ready, so that a cell's timeout counts
+    the cell's own work. The floor's dispatch modes (the order draws, TF32) import torch._dynamo on their first
+    use: 1.3 s on an idle CPU, more under load, which a fresh worker's first cell paid out of its timeout (a
+    2 s timeout in CI's tests/test_worker_lifecycle.py expired before the backend was called)."""
+    import torch._dynamo  # noqa: F401
+
+    from ..measure import cell  # noqa: F401
 
 
 def own_group(parent: int | None) -> None:
