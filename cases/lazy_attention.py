@@ -4,7 +4,8 @@ Case params: B, H, L, Dh, W; ``layout`` for q, k and v (``layout_q``/``layout_k`
 override one of them, so each may carry its own strides); ``grad_layout`` for dO (applied by the
 engine's default upstream-gradient generator); ``tau`` one of "neg" (U(-0.9,-0.1) per head, the
 paper's regime), "pos" (U(0.1,0.5): the causal mask must then be applied to e as well) or "mixed"
-(even heads negative, odd heads positive); ``scale`` (default 1/sqrt(Dh)).
+(even heads negative, odd heads positive); ``scale`` (default 1/sqrt(Dh)); ``quiet_head`` (v of the last head
+scaled by it: a dormant head, whose o, dq, dk, dbias and dtau are that much smaller than the others').
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ def make_inputs(case: Case, dtype: torch.dtype, gen: torch.Generator, device: st
     tensors = {}
     for name in ("q", "k", "v"):
         layout = p.get(f"layout_{name}", p.get("layout", "contiguous"))
-        tensors[name] = place(randn((B, H, L, Dh), gen, dtype), layout, device)
+        t = randn((B, H, L, Dh), gen, dtype)
+        if name == "v" and p.get("quiet_head"):
+            t[:, -1] *= p["quiet_head"]
+        tensors[name] = place(t, layout, device)
     tensors["bias"] = randn((H, W), gen, scale=0.5).to(device)
     # never exactly -1: row 0 would then sit on the kink (p[0,0] = 1)
     tensors["tau"] = _tau(p.get("tau", "neg"), H, gen).to(device)
@@ -239,6 +243,8 @@ def _sweep_cpu() -> list[Case]:
         C("L65-W64-H2", 1, 2, 65, 16, 64, ("4BLOCK+1", "W>BLOCK")),
         C("L16-W16-B3-mixed-qkvT", 3, 2, 16, 16, 16, ("mixed-tau", "non-contiguous"),
           tau="mixed", layout=QKV_T),
+        # a dormant head (its v 1e-3 of the others'): the local rule judges its tiles against their own magnitude
+        C("L33-W16-H4-quiet", 1, 4, 33, 16, 16, ("dormant-head",), quiet_head=1e-3),
     ]
 
 
@@ -268,6 +274,7 @@ def _sweep_gpu() -> list[Case]:
           tau="pos", layout=QKV_T, grad_layout=QKV_T),
         C("L1024-W512-D32-B2-H2-kT", 2, 2, 1024, 32, 512, ("own-strides",), layout_k=QKV_T),
         C("L4096-W512-D128-H2", 1, 2, 4096, 128, 512, ("long", "kink-heavy")),
+        C("L256-W64-D64-H8-quiet", 1, 8, 256, 64, 64, ("dormant-head",), quiet_head=1e-3),
     ]
 
 

@@ -70,3 +70,18 @@ register_mutant(Mutant(
             Expectation(STRIDE_TWIN, "float32", passing=("o",) + GRADS),
             Expectation(CASE, "float32", passing=("o",) + GRADS)),
 ))
+
+# Local errors (issue #44), one head of many (planted): the last head's dq 10% high, in a case whose last head is
+# dormant (its v 1e-3 of the others', as trained models have heads with near-zero values), so that its dq is ~1e-3
+# of max|dq|. The global criteria pass it in 16 bits (tests/test_local_mutants.py); the local rule fails it in that
+# head's tiles. With heads of one magnitude the global max criterion is the local one, and fails a head's 10%.
+QUIET = C("zoo-B1-H4-L40-W16-quiet", 1, 4, 40, 16, 16, ("zoo",), tau="neg", quiet_head=1e-3)
+register_mutant(Mutant(
+    id="lazy-last-head-dq-scaled", operator="lazy_attention", backend="triton",
+    seed="issue 44 (one head of many)",
+    description="planted: the last head's dq 10% high",
+    edits=(("kernels.py", "(dq * scale).to(DQ.dtype.element_ty), mask=rows[:, None])",
+            "(dq * scale * tl.where(h == H - 1, 1.1, 1.0)).to(DQ.dtype.element_ty), mask=rows[:, None])"),),
+    expect=tuple(Expectation(QUIET, dt, fail=("dq",), passing=("o", "dk", "dv", "dbias", "dtau"), hint="local")
+                 for dt in ("float16", "bfloat16")),
+    local_only=True))

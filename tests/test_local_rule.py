@@ -114,6 +114,17 @@ def test_tiles_hold_sixteen_elements_and_a_partial_block_joins_its_neighbour():
     assert lf.tile_text() == "row 6-8, col 24-32"
 
 
+def test_tiles_run_along_the_two_axes_with_the_most_slices():
+    """Of attention's [B, H, L, Dh] with one batch, four heads and one position block, the tiles are per head (they
+    were per batch and position block, the two axes with the fewest slices, until the zoo's dormant-head mutant
+    passed through them)."""
+    batch, head, pos = Axis("batch", 0), Axis("head", 1), Axis("position", 2, block="BLOCK_M", default_block=64)
+    axes, sizes = loc.local_layout((1, 4, 40, 16), (batch, head, pos), {"BLOCK_M": 64}, {})
+    assert [a.name for a in axes] == ["batch", "head"] and sizes == [1, 1]  # a tie (one slice each): dimension order
+    axes, sizes = loc.local_layout((2, 16, 4096, 128), (batch, head, pos), {"BLOCK_M": 64}, {})
+    assert [a.name for a in axes] == ["head", "position"] and sizes == [1, 64]
+
+
 def test_chunks_gather_the_tiles_of_the_whole():
     g = torch.Generator().manual_seed(3)
     e, f, o = (torch.rand(40, 70, generator=g, dtype=torch.float64) for _ in range(3))

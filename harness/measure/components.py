@@ -15,7 +15,7 @@ from ..model.spec import Case, OperatorSpec
 from . import localize as loc
 from . import streaming
 from .figures import check_shape, measure, results_of, wants_profiles
-from .oracle import OutputMismatch, floor_samples
+from .oracle import OutputMismatch, floor_envelope, floor_samples
 
 Tensor = torch.Tensor
 
@@ -86,8 +86,9 @@ def measure_all(op: OperatorSpec, backend: Backend, case: Case, ref: dict, got: 
         fig.poisoned = comp.source in got.get("poisoned", ())
         floor_err = rv[0] if rv and isinstance(rv[0], Tensor) else None
         if e is not None:
-            fig.local = loc.local_figures(e, absolute_floor(contract), floor_err, ov.detach().double(), comp.axes,
-                                          backend.blocks, case.params)
+            env = floor_envelope(ref, comp, case.params)
+            fig.local = loc.local_figures(e, absolute_floor(contract), floor_err if env is None else env,
+                                          ov.detach().double(), comp.axes, backend.blocks, case.params)
         v = verdict_of(fig, op.k_max, op.k_rms)
         if e is not None and wants_profiles(v):
             fig.slices = loc.profiles(e, kv, ov, floor_err, comp.axes, backend.blocks, case.params)

@@ -234,7 +234,8 @@ def local_layout(shape: tuple[int, ...], axes: tuple[Axis, ...], blocks: dict[st
     blocks first) until a tile holds LOCAL_MIN_NUMEL elements; None for a component without axes."""
     cand = [(ax, min(block_size(ax, blocks, params), shape[ax.dim])) for ax in axes if ax.dim < len(shape)]
     cand = [(ax, max(size, 1)) for ax, size in cand if shape[ax.dim] > 0]
-    cand.sort(key=lambda c: -(-shape[c[0].dim] // c[1]))
+    # the most slices first (ceil(extent / block)); the sort is stable, so ties keep the dimension order
+    cand.sort(key=lambda c: -(-shape[c[0].dim] // c[1]), reverse=True)
     pick: list[tuple[Axis, int]] = []
     for ax, size in cand:
         if all(ax.dim != p.dim for p, _ in pick):
