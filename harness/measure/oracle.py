@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import re
 from collections import OrderedDict
 from collections.abc import Callable
@@ -49,7 +50,7 @@ PERTURB = 2.0**-22
 # and a component that is one such sum (a scalar) was judged against the luck of torch's order alone (issue #44).
 # DRAW_ORDERS: each perturbed draw's order, 0 for torch's own.
 DRAW_ORDERS = (0,) * FLOOR_SAMPLES + ORDER_BLOCKS
-# the largest tensor whose floor envelope (Envelope) is kept: 16M elements, 128 MB in float64
+# the largest tensor whose floor envelope (Envelope) is kept: 16M elements, 64 MB in float32
 ENVELOPE_MAX_NUMEL = 1 << 24
 PERTURB_TF32 = 2.0**-10
 # How the floor of a TF32-declared backend reduces the matmul operands (harness/measure/tf32.py): towards zero,
@@ -459,8 +460,10 @@ class Envelope:
     criterion's is over the whole tensor (harness/judge/verdict.py, local_floor). Where a tile holds few
     elements one draw is luck: with the unperturbed draw alone a correct Triton lazy attention failed dk at
     1.21x (CPU seed 2, L2-W7-B2-H1, two tiles of 32 elements), where the envelope of the 10 draws puts it at 0.22x.
-    A tensor above ENVELOPE_MAX_NUMEL keeps none (a float64 copy of a [128256, 4096] dweight is 4.2 GB): the
-    local rule takes the unperturbed draw there, whose tiles are many."""
+    Kept in float32 (an error's magnitude needs no more; rounding is monotone, so the max of rounded errors
+    is the rounded max), at most 64 MB a tensor. A tensor above ENVELOPE_MAX_NUMEL keeps none (a float64 copy of a [128256, 4096] dweight is 4.2 GB): the
+    local rule takes the unperturbed draw there, whose tiles are many. A chunked case's tensors are gathered
+    chunk by chunk (add_part), so that its cells have the figures of the whole case's."""
 
     def __init__(self) -> None:
         self.kept: dict[tuple[str, str], Tensor | None] = {}
@@ -473,8 +476,20 @@ class Envelope:
                 continue
             old = self.kept.get(key)
             # a perturbed draw's non-finite errors count as none, as in its FloorSummary
-            self.kept[key] = err.clone() if old is None else torch.maximum(
-                old, torch.where(torch.isfinite(err), err, torch.zeros_like(err)))
+            self.kept[key] = err.float() if old is None else torch.maximum(
+                old, torch.where(torch.isfinite(err), err, torch.zeros_like(err)).float())
+
+    def add_part(self, kind: str, name: str, shape: tuple[int, ...], index: tuple[slice, ...], err: Tensor) -> None:
+        """A chunk's errors of tensor ``name``, whose whole has ``shape``: at ``index`` in it."""
+        key = (kind, name)
+        if self.kept.get(key, err) is None or math.prod(shape) > ENVELOPE_MAX_NUMEL:
+            self.kept[key] = None
+            return
+        whole = self.kept.get(key)
+        if whole is None:
+            whole = self.kept[key] = torch.zeros(shape, dtype=torch.float32, device=err.device)
+        part = whole[index]
+        part.copy_(torch.maximum(part, torch.where(torch.isfinite(err), err, torch.zeros_like(err)).float()))
 
     def of(self, kind: str, name: str) -> Tensor | None:
         return self.kept.get((kind, name))
@@ -678,6 +693,8 @@ def _oracle_and_floor_chunked(op: OperatorSpec, case: Case, inputs: Inputs, cont
                            o_t.get(c.tensor_name))
                 if err is not None:
                     accs[c.name].add(c.select(err, params), c.select(o_t[c.tensor_name], params))
+                    shape = shapes[c.tensor_name] if c.kind == "out" else tuple(inputs.tensors[c.tensor_name].shape)
+                    envelope.add_part(c.kind, c.tensor_name, shape, plan.index(c.tensor_name, chunk), err)
         whole: dict[str, dict[str, tuple]] = {"out": {}, "grad": {}}  # partial sums added up: (oracle, floor)
         for kind, names in seen.items():
             for name in names:

@@ -30,7 +30,7 @@ from ..model.registry import Backend
 from ..model.spec import Case, Component, OperatorSpec
 from . import localize as loc
 from .figures import Compared, Reduced, check_shape, figures_of, fitted_scale, results_of, wants_profiles
-from .oracle import _err, chunk_references, rounded, view_box
+from .oracle import _err, chunk_references, floor_envelope, rounded, view_box
 
 Tensor = torch.Tensor
 Box = tuple[tuple[int, int], ...]
@@ -312,12 +312,15 @@ def measure_split(op: OperatorSpec, backend: Backend, case: Case, ref: dict, got
     rows, todo = _split_components(op, ref, got, backend.blocks, case.params)
     if not todo:
         return rows
+    envelopes = {s.comp.name: floor_envelope(ref, s.comp, case.params) for s in todo}
     for chunk, oracle, floor in chunks(op, ref):
         for s in todo:
             c, r, box = _part(s, ref, chunk, oracle, floor, case.params)
             s.figs.add(c, r, tuple(a for a, _ in box))
             if s.tiles is not None:
-                s.tiles.add(c.excess(), r, c.o, tuple(a for a, _ in box))
+                env = envelopes[s.comp.name]  # the local rule's floor, as for a whole case (oracle.Envelope)
+                floor_err = r if env is None else env[tuple(slice(a, b) for a, b in box)].to(c.o.device)
+                s.tiles.add(c.excess(), floor_err, c.o, tuple(a for a, _ in box))
     again = []
     for s in todo:
         if _first_figures(op, backend, case, ref, got, s):
