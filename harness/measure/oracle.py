@@ -372,9 +372,12 @@ def oracle_and_floor(op: OperatorSpec, case: Case, dtype: torch.dtype, seed: int
         ro, rgr, _ = reference_run(op, pin, pg, torch.float32, tf32=tf32, order=order)
         ro = {k: v.to(contract.get(k, v.dtype)) for k, v in ro.items()}
         rgr = {k: v.to(inputs.tensors[k].dtype) for k, v in rgr.items() if v is not None}
-        _summarize(op, case, ro, po, rgr, pgr, summaries)
-        envelope.add("out", {k: [_err(v, po.get(k))] for k, v in ro.items()})
-        envelope.add("grad", {k: [_err(v, pgr.get(k))] for k, v in rgr.items()})
+        errs = {"out": {k: _err(v, po.get(k)) for k, v in ro.items()},
+                "grad": {k: _err(v, pgr.get(k)) for k, v in rgr.items()}}
+        _summarize(op, case, ro, po, rgr, pgr, summaries, errs)
+        envelope.add("out", {k: [e] for k, e in errs["out"].items()})
+        envelope.add("grad", {k: [e] for k, e in errs["grad"].items()})
+        del errs
         del po, pgr, ro, rgr
     if case.microbatches > 1 and op.microbatch is not None:
         # the floor under the same protocol: per-microbatch float32 results rounded, then combined
@@ -414,13 +417,15 @@ def _entry(inputs: Inputs, contract: dict, g: dict[str, Tensor], o_out: dict, o_
 
 
 def _summarize(
-    op: OperatorSpec, case: Case, outs: dict, o_outs: dict, grads: dict, o_grads: dict, into: dict
+    op: OperatorSpec, case: Case, outs: dict, o_outs: dict, grads: dict, o_grads: dict, into: dict,
+    errs: dict[str, dict[str, Tensor | None]] | None = None
 ) -> None:
-    """Append each component's FloorSummary of one floor sample (floor results against their oracle)."""
+    """Append each component's FloorSummary of one floor sample (floor results against their oracle;
+    ``errs``: their errors, where the caller has them already)."""
     for comp in op.components:
         r, o = (outs, o_outs) if comp.kind == "out" else (grads, o_grads)
         name = comp.tensor_name
-        err = _err(r.get(name), o.get(name))
+        err = errs[comp.kind].get(name) if errs is not None else _err(r.get(name), o.get(name))
         if err is not None:
             sel = comp.select(o[name], case.params)
             into.setdefault(comp.name, []).append(FloorSummary.of(comp.select(err, case.params), sel))
@@ -475,12 +480,15 @@ class Envelope:
                 self.kept[key] = None
                 continue
             old = self.kept.get(key)
-            # a perturbed draw's non-finite errors count as none, as in its FloorSummary
-            self.kept[key] = err.float() if old is None else torch.maximum(
-                old, torch.where(torch.isfinite(err), err, torch.zeros_like(err)).float())
+            if old is None:
+                self.kept[key] = err.float()
+            else:  # a perturbed draw's non-finite errors (errors are >= 0) count as none, as in its FloorSummary
+                torch.maximum(old, err.float().nan_to_num_(nan=0.0, posinf=0.0), out=old)
 
-    def add_part(self, kind: str, name: str, shape: tuple[int, ...], index: tuple[slice, ...], err: Tensor) -> None:
-        """A chunk's errors of tensor ``name``, whose whole has ``shape``: at ``index`` in it."""
+    def add_part(self, kind: str, name: str, shape: tuple[int, ...], index: tuple[slice, ...], err: Tensor,
+                 first: bool) -> None:
+        """A chunk's errors of tensor ``name``, whose whole has ``shape``: at ``index`` in it (``first``: of the
+        unperturbed draw, taken as it is, as add takes it)."""
         key = (kind, name)
         if self.kept.get(key, err) is None or math.prod(shape) > ENVELOPE_MAX_NUMEL:
             self.kept[key] = None
@@ -489,7 +497,10 @@ class Envelope:
         if whole is None:
             whole = self.kept[key] = torch.zeros(shape, dtype=torch.float32, device=err.device)
         part = whole[index]
-        part.copy_(torch.maximum(part, torch.where(torch.isfinite(err), err, torch.zeros_like(err)).float()))
+        if first:
+            part.copy_(err)
+        else:
+            torch.maximum(part, err.float().nan_to_num_(nan=0.0, posinf=0.0), out=part)
 
     def of(self, kind: str, name: str) -> Tensor | None:
         return self.kept.get((kind, name))
@@ -694,7 +705,8 @@ def _oracle_and_floor_chunked(op: OperatorSpec, case: Case, inputs: Inputs, cont
                 if err is not None:
                     accs[c.name].add(c.select(err, params), c.select(o_t[c.tensor_name], params))
                     shape = shapes[c.tensor_name] if c.kind == "out" else tuple(inputs.tensors[c.tensor_name].shape)
-                    envelope.add_part(c.kind, c.tensor_name, shape, plan.index(c.tensor_name, chunk), err)
+                    envelope.add_part(c.kind, c.tensor_name, shape, plan.index(c.tensor_name, chunk), err,
+                                      first=sample == 0)
         whole: dict[str, dict[str, tuple]] = {"out": {}, "grad": {}}  # partial sums added up: (oracle, floor)
         for kind, names in seen.items():
             for name in names:
