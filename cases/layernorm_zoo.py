@@ -2,8 +2,9 @@
 classic bugs of a row-tiled norm kernel, planted in a copy of backends/triton/layernorm/. They run on the CPU
 under the interpreter (32-feature, 8-row blocks) and on a GPU (512 x 16).
 
-The expectations' case is a case of the CPU sweep: R33 spans five interpreter row tiles (four full, one of a
-single row) and F130 five feature blocks (the last of 2 features).
+R33 spans five interpreter row tiles (four full, one of a single row) and three GPU ones; F130 spans five
+interpreter feature blocks (the last of 2 features) but one GPU block, so a mutant whose defect needs several
+feature blocks takes F1100 (35 interpreter blocks, three GPU ones, the last of 76 features).
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ from harness.cases.layernorm import C
 from harness import Expectation, Mutant, register_mutant
 
 CASE = C("R33-F130", 33, 130, ("size",))
+CASE_WIDE = C("R33-F1100", 33, 1100, ("size",))
 _PB = "        tl.store(pb_ptr + pid * F + cols, tl.sum(dy, axis=0), mask=fmask)\n"
+# compiled Triton sees a name after a loop only where it was bound before it: the store moved out of the loop
+# needs cols, fmask and dy bound ahead of the loop (the interpreter, plain Python, would not)
+_BEFORE_LOOP = "    mgx = tl.div_rn(tl.sum(sgx, axis=1), nf)\n"
+_BOUND = _BEFORE_LOOP + ("    cols = offs\n    fmask = cols < F\n"
+                         "    dy = tl.zeros([BLOCK_R, BLOCK_F], dtype=tl.float32)\n")
 _DX = "dx = rstd[:, None] * (dy * w[None, :] - mg[:, None] - xhat * mgx[:, None])"
 
 register_mutant(Mutant(
@@ -40,8 +47,8 @@ register_mutant(Mutant(
     seed="issue 47; the example plugin's example-triton-wrong",
     description="the db partial's store one indent short, after the feature loop: only the last feature block's "
                 "partial is stored, the others stay as allocated",
-    edits=(("kernels.py", _PB, _PB.replace("        tl.store", "    tl.store")),),
-    expect=(Expectation(CASE, "float32", fail=("db",), passing=("y", "dx", "dw"),
+    edits=(("kernels.py", _PB, _PB.replace("        tl.store", "    tl.store")), ("kernels.py", _BEFORE_LOOP, _BOUND)),
+    expect=(Expectation(CASE_WIDE, "float32", fail=("db",), passing=("y", "dx", "dw"),
                         where={"db": {"feature": "all-but-last"}}),),
 ))
 

@@ -20,7 +20,9 @@ register_mutant(Mutant(
     id="glu-sigmoid-fp16", operator="swiglu", backend="triton", seed="issue 47: activations in 16 bits",
     description="sigmoid(gate) computed in float32 but kept in 16 bits (fp16) before its products",
     edits=(("kernels.py", "        s = tl.sigmoid(g)\n", "        s = tl.sigmoid(g).to(tl.float16).to(tl.float32)\n"),),
-    expect=(Expectation(CASE, "float32", fail=ALL, hint="precision",
+    # on a GPU R7-F100 is one feature block (1024) and two row blocks (4): no axis has the three slices whose
+    # profile the precision hint reads, and the hint says "none" rather than guess (H200, f9032ce)
+    expect=(Expectation(CASE, "float32", fail=ALL, hint="precision|none",
                         where={"out": {"feature": "all", "row": "all"}}),),
 ))
 
