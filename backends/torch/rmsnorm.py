@@ -38,9 +38,12 @@ register_backend(Backend(
     # about 2x room; an H200 sweep (torch 2.11) stays inside them
     expected_gaps=(
         # a stride-0 (constant) upstream gradient, whose sums a float32 floor adds almost exactly: rms 1.08x on an
-        # H200 (smoke R9-F33-res~expand, float16); 1.01x at CPU seed 2 (R9-F7)
+        # H200 (smoke R9-F33-res~expand, float16); 1.01x at CPU seed 2 (R9-F7). Where dx is small in one 4x4 tile
+        # of the GPU sweep's R1000-F1500-res~expand, the 16-bit row sum's rounding is large against the tile: the
+        # local rule's ratio was 3.08x (fp16, seed 0, CPU and an H200 alike); CPU seeds 0-3: fp16 0.22-3.08x,
+        # bf16 0.22-2.35x (the tile with the deepest cancellation decides)
         Gap(_EAGER + "; dx's row sums round in 16 bits", dtypes=("float16", "bfloat16"),
-            components=("dx", "dresidual"), ceiling=2.5),
+            components=("dx", "dresidual"), ceiling=6.0),
         # one feature: dx = w * dy * eps / (h^2 + eps)^1.5 comes out of dy*w - h * h*dy*w / (h^2 + eps), a
         # cancellation in the case dtype: 1.1e3x (fp16, R3-F1) and 2.6e3x (bf16) the floor
         # and dw = sum(dy * x * rstd), x * rstd = +-1 there, summed in the case dtype: 1.22x (fp16 R9-F1-res, CPU
