@@ -132,7 +132,8 @@ def plugin_label(p: dict[str, Any]) -> str:
 
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
-    for pkg in ("torch", "triton", "tilelang", "hypothesis", "numpy"):
+    # liger-kernel: the release the optional `liger` backends ran (backends/liger/), where installed
+    for pkg in ("torch", "triton", "tilelang", "hypothesis", "numpy", "liger-kernel"):
         try:
             out[pkg] = importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError:

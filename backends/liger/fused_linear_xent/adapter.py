@@ -1,0 +1,41 @@
+"""Registers Liger's fused linear cross-entropy as ``fused_linear_xent/liger`` where liger_kernel is installed
+(docs/kernels/liger.md)."""
+
+from __future__ import annotations
+
+from harness.backends.liger._release import CONFIDENT_LOSS, EMPTY_MEAN, description, installed, kernel_files, origin
+
+from harness import Backend, Gap, register_backend
+
+
+def _no_lse(case, dtype: str, device: str) -> str | None:
+    if case.params.get("return_lse"):
+        return "Liger's fused linear cross-entropy returns no LSE (a declared limitation)"
+    if case.params.get("softcap") and device == "cpu":
+        # liger-kernel 0.8.5 under triton 3.9's interpreter: InterpreterError, AttributeError("'float' object
+        # has no attribute 'to'") in the softcap path
+        return "Liger's softcap path does not run under the Triton interpreter; it runs on a GPU"
+    return None
+
+
+_CHUNK = "Liger forms each token chunk's logits, and their gradient, in the case dtype"
+# ceilings: the worst ratios measured (docs/kernels/liger.md) with about 2x room
+GAPS = (
+    CONFIDENT_LOSS, EMPTY_MEAN,
+    # fp16, CPU: 1.25e3x (N1-H16-V2), 54x (N32-H24-V129-scale5)
+    Gap(_CHUNK, dtypes=("float16", "bfloat16"), components=("loss",), ceiling=2.5e3),
+    # fp16, CPU: dbias 2.25x (N64-H8-V1100), dweight 1.36x (N32-H24-V129-confident), dhidden 1.07x (scale5)
+    Gap(_CHUNK, dtypes=("float16", "bfloat16"), components=("dhidden", "dweight", "dbias"), ceiling=5.0),
+)
+
+
+if installed():
+    register_backend(Backend(
+        operator="fused_linear_xent", name="liger", impl=".wrapper:fused_linear_xent_liger", package=__package__,
+        devices=("cpu", "cuda"), interpret=True, requires=("liger_kernel",), origin=origin(),
+        skip=_no_lse, expected_gaps=GAPS,
+        sources=(__file__, __file__.replace("adapter.py", "wrapper.py"),
+                 *kernel_files("fused_linear_cross_entropy.py", "cross_entropy.py")),
+        deterministic=True,
+        description=description("liger_fused_linear_cross_entropy (token chunks; dhidden and dweight formed in "
+                                "the forward)")))
