@@ -222,3 +222,25 @@ def test_a_marginal_twin_failure_is_not_laid_to_the_layout():
         base, stride = judge_cells(cells)
     assert base.shown == "PASS" and stride.shown == "FAIL" and stride.severity == "marginal", stride.severity
     assert all(h.cls != "layout" for c in stride.failed_components for h in c.hints)
+
+
+def test_a_twin_failing_in_one_tile_only_is_not_laid_to_the_layout():
+    """A layout misread spoils the whole tensor: a twin whose failure is the local rule's alone (one tile off,
+    the component within its global bounds) keeps its local hint, however large the tile's ratio."""
+    import dataclasses
+    from unittest import mock
+
+    from harness.judge.judgement import judge_cells
+    from harness.model.records import LocalFigures
+
+    exact = Backend(operator=OP.name, name="eager", impl=rmsnorm, devices=("cpu",))
+    base, stride = [run_cell(OP, exact, c, "float32", "cpu", repeats=1) for c in with_twins([BASE], ("stride",))]
+    one_tile = LocalFigures(["row", "feature"], [1, 2], [3, 6], 9, err=0.5, floor=1e-7, at=[1, 1])
+    stride = dataclasses.replace(stride, components=[dataclasses.replace(f, local=one_tile) if f.name == "y" else f
+                                                     for f in stride.components])
+    with mock.patch("harness.judge.judgement.rules_for", return_value=Rules()):
+        judged_base, judged_stride = judge_cells([base, stride])
+    (y,) = judged_stride.failed_components
+    assert judged_base.shown == "PASS" and judged_stride.shown == "FAIL" and y.verdict.kind == "local"
+    assert judged_stride.severity == "gross", judged_stride.severity
+    assert [h.cls for h in y.hints] == ["local"], y.hints

@@ -152,7 +152,9 @@ def layout_hints(judged: list[CellJudgement]) -> None:
     (precision, a never-written buffer, NaN, a local error). Only a gross failure is laid to the layout: a
     marginal one (every ratio at most 2x) is another draw of the rounding, which a twin makes as much as its base
     (golden mhc_pre's ``~stride`` twin of n4-D100-T3 failed dphi.pre at 1.01x rms at CPU seed 2, its base
-    passing), and the ``expand`` twin has values of its own (a constant gradient)."""
+    passing), and the ``expand`` twin has values of its own (a constant gradient). Nor is an error confined to one
+    tile (the local rule's alone): a stride or offset misread spoils the whole tensor, not one tile of it
+    (Liger 0.8.5's RoPE on an H200 failed one tile of an ``expand`` twin, seq 95 dim 52, passing globally)."""
     shown = {j.record.id: j.shown for j in judged}
     for j in judged:
         which = j.record.case.params.get("twin")
@@ -165,7 +167,8 @@ def layout_hints(judged: list[CellJudgement]) -> None:
         hint = Hint("layout", f"layout: passes as {base.case}, fails as its {which!r} twin ({TWINS[which]}): "
                               f"{TWIN_CAUSES[which]}?")
         for c in j.failed_components:
-            c.hints = [hint, *[h for h in c.hints if h.structural]]
+            if c.verdict.kind != "local":
+                c.hints = [hint, *[h for h in c.hints if h.structural]]
 
 
 def _excepted(c: ContractResult, dtype: str, rules: Rules) -> ContractException | None:
