@@ -121,7 +121,7 @@ def judge_cell(rec: CellRecord, rules: Rules | None = None, device_class: str = 
     j = CellJudgement(rec, "PASS", comps, contracts, notes=list(rec.notes))
     if not rules.known:
         j.notes.append("operator or backend not registered here: default bounds, no declarations "
-                       "(load its plugin with --plugin)")
+                       "(load its plugin with --plugin, or install the extra that registers it: '.[liger]')")
     failed = [c for c in comps if c.failed]
     if not failed and not broken:
         return j

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from harness.backends.liger._release import CONFIDENT_LOSS, EMPTY_MEAN, description, installed, kernel_files, origin
 
-from harness import Backend, Gap, register_backend
+from harness import Backend, ContractException, Gap, register_backend
 
 
 def _no_lse(case, dtype: str, device: str) -> str | None:
@@ -19,13 +19,17 @@ def _no_lse(case, dtype: str, device: str) -> str | None:
 
 
 _CHUNK = "Liger forms each token chunk's logits, and their gradient, in the case dtype"
-# ceilings: the worst ratios measured (docs/kernels/liger.md) with about 2x room
+# ceilings: the worst ratios measured (CPU interpreter and an H200, docs/kernels/liger.md) with about 2x room
 GAPS = (
     CONFIDENT_LOSS, EMPTY_MEAN,
-    # fp16, CPU: 1.25e3x (N1-H16-V2), 54x (N32-H24-V129-scale5)
+    # 1.25e3x (fp16, CPU, N1-H16-V2), 973x (bf16, H200, N1000-H256-V32000-none)
     Gap(_CHUNK, dtypes=("float16", "bfloat16"), components=("loss",), ceiling=2.5e3),
-    # fp16, CPU: dbias 2.25x (N64-H8-V1100), dweight 1.36x (N32-H24-V129-confident), dhidden 1.07x (scale5)
-    Gap(_CHUNK, dtypes=("float16", "bfloat16"), components=("dhidden", "dweight", "dbias"), ceiling=5.0),
+    # bf16, H200: dbias 6.42x (N1000-H256-V32000-softcap), dweight 4.29x, dhidden 1.73x (scale5)
+    Gap(_CHUNK, dtypes=("bfloat16",), components=("dhidden", "dweight", "dbias"), ceiling=13.0),
+    # fp16, H200: the error is that of a float16 reference (1.3-2.5x it) where a careful kernel forms dlogits in
+    # float32: dweight and dbias 185x (N1000-H256-V128256), dhidden 15x; CPU at most 2.25x
+    Gap(_CHUNK, dtypes=("float16",), components=("dweight", "dbias"), ceiling=400.0),
+    Gap(_CHUNK, dtypes=("float16",), components=("dhidden",), ceiling=30.0),
 )
 
 
@@ -34,6 +38,8 @@ if installed():
         operator="fused_linear_xent", name="liger", impl=".wrapper:fused_linear_xent_liger", package=__package__,
         devices=("cpu", "cuda"), interpret=True, requires=("liger_kernel",), origin=origin(),
         skip=_no_lse, expected_gaps=GAPS,
+        # dbias, a column sum of 16-bit dlogits, misses the rows' sum-to-zero budget: the same rounding
+        contract_exceptions=(ContractException("invariants", _CHUNK, dtypes=("float16", "bfloat16")),),
         sources=(__file__, __file__.replace("adapter.py", "wrapper.py"),
                  *kernel_files("fused_linear_cross_entropy.py", "cross_entropy.py")),
         deterministic=True,
