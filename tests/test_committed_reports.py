@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -68,13 +69,19 @@ def _counts(lines: list[str], like: list[dict] | None = None) -> list[dict[str, 
     return rows
 
 
+def _of_an_extra_not_installed(md: Path) -> bool:
+    """reports/liger/ holds the `liger` backends' reports: without liger-kernel their declarations are not
+    registered here, so tests/test_liger.py re-renders them where a release is at hand."""
+    return "liger" in md.relative_to(REPORTS).parts and importlib.util.find_spec("liger_kernel") is None
+
+
 def test_every_committed_report_re_judges_to_the_verdicts_it_shows():
     # each committed report (.md) was rendered from its records (.jsonl) by the code of its day: today's judge
     # gives every component the verdict the report shows, and the summary counts the same cells the same way.
     # Moving the harness into layers and the verdict into the judge alone (#42) changed none of them.
     checked = 0
     for md in sorted(REPORTS.rglob("*.md")):
-        if not record_files(md.parent, md.stem):
+        if not record_files(md.parent, md.stem) or _of_an_extra_not_installed(md):
             continue
         text = md.read_text()
         cells, runs = load(md.parent, md.stem)
