@@ -45,11 +45,12 @@ register_backend(Backend(
         Gap(_EAGER + "; dx's row sums round in 16 bits", dtypes=("float16", "bfloat16"),
             components=("dx", "dresidual"), ceiling=6.0),
         # one feature: dx = w * dy * eps / (h^2 + eps)^1.5 comes out of dy*w - h * h*dy*w / (h^2 + eps), a
-        # cancellation in the case dtype: 1.1e3x (fp16, R3-F1) and 2.6e3x (bf16) the floor
+        # cancellation in the case dtype: 1.1e3x (fp16, R3-F1) and 2.6e3x (bf16) the floor on the CPU; on an H200
+        # bf16 R3-F1 reached 1.26e4x at seed 31 and 8.59e3x at seed 32 (the error 1x a bf16 reference's)
         # and dw = sum(dy * x * rstd), x * rstd = +-1 there, summed in the case dtype: 1.22x (fp16 R9-F1-res, CPU
         # seed 9)
         Gap(_EAGER + "; at one feature dx is a difference of nearly equal terms", dtypes=("float16", "bfloat16"),
-            components=("dx", "dresidual", "dw"), tags=("features1",), ceiling=5e3,
+            components=("dx", "dresidual", "dw"), tags=("features1",), ceiling=2.5e4,
             range_errors=True),  # fp16 rounds that difference to exactly 0 (R3-F1, CPU seed 2): all zeros
         # |x| ~ 1e3: x^2 overflows fp16, rsqrt(inf) = 0 and every result is 0 (1.1e3x, R9-F70-large)
         Gap(_EAGER + "; x^2 overflows float16 at |x| ~ 1e3", dtypes=("float16",),

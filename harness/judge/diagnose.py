@@ -175,7 +175,10 @@ def _structural(ax: _Axis) -> list[Hint]:
         lo = (p.buckets - 1) * p.block
         hints.append(Hint("tail", f"only the last, partial {name} block ({name} {lo}-{p.extent - 1}) is wrong: "
                                   "a tail mask or bound", name))
-    elif bad == set(live) - {first} and len(live) >= MIN_STRIDE_SLICES:
+    elif bad == set(live) - {first} and len(live) >= MIN_STRIDE_SLICES and first not in p.zero:
+        # a first slice that is all zeros passes only by the oracle's smallness there: no evidence that it is
+        # addressed right (eager torch's bf16 rmsnorm at one feature, R3-F1 on an H200 at seed 31: its dx
+        # rounds to 0 in row 0 and is off elsewhere, a cancellation, not a stride)
         if p.has_blocks:
             hints.append(Hint("later-block-offsets", f"only the first {name} block is right: offsets of later "
                                                      f"{name} blocks are wrong", name))
