@@ -8,7 +8,8 @@ from harness.backends.liger._release import CONFIDENT_LOSS, EMPTY_MEAN, descript
 from harness import Backend, ContractException, Gap, register_backend
 
 
-def _no_lse(case, dtype: str, device: str) -> str | None:
+def _refused(case, dtype: str, device: str) -> str | None:
+    """The cells this backend cannot take (device: the device class), with the reason the report shows."""
     if case.params.get("return_lse"):
         return "Liger's fused linear cross-entropy returns no LSE (a declared limitation)"
     if case.params.get("softcap") and device == "cpu":
@@ -37,7 +38,7 @@ if installed():
     register_backend(Backend(
         operator="fused_linear_xent", name="liger", impl=".wrapper:fused_linear_xent_liger", package=__package__,
         devices=("cpu", "cuda"), interpret=True, requires=("liger_kernel",), origin=origin(),
-        skip=_no_lse, expected_gaps=GAPS,
+        skip=_refused, expected_gaps=GAPS,
         # dbias, a column sum of 16-bit dlogits, misses the rows' sum-to-zero budget: the same rounding
         contract_exceptions=(ContractException("invariants", _CHUNK, dtypes=("float16", "bfloat16")),),
         sources=(__file__, __file__.replace("adapter.py", "wrapper.py"),
