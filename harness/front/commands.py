@@ -5,8 +5,10 @@ harness/front/check.py."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
+from ..judge.judgement import unregistered
 from ..model import registry
 from ..model.devices import checked_device, default_device
 from ..model.errors import UsageError
@@ -90,6 +92,10 @@ def cmd_report(a: argparse.Namespace) -> int:
         out += [md] if md else []
     status = write_status(root)
     print("rendered: " + ", ".join(str(p) for p in out + [status] if p.suffix == ".md"))
+    if unregistered():
+        print(f"note: rendered without the declared gaps and contract exceptions of {', '.join(unregistered())}: "
+              "not registered here (load the plugin with --plugin, or install the extra that registers it, e.g. "
+              "'.[liger]'); render them where they are", file=sys.stderr)
     return 0
 
 

@@ -97,6 +97,15 @@ def rules_for(operator: str, backend: str, device_class: str) -> Rules:
     return _rules(operator, backend, device_class)
 
 
+# "operator/backend" of cells judged without their registration (a plugin not loaded, an extra not installed):
+# `harness report` names them, since their declared gaps and exceptions were not applied
+UNREGISTERED: set[str] = set()
+
+
+def unregistered() -> list[str]:
+    return sorted(UNREGISTERED)
+
+
 @lru_cache(maxsize=512)
 def _rules(operator: str, backend: str, device_class: str) -> Rules:
 
@@ -106,9 +115,12 @@ def _rules(operator: str, backend: str, device_class: str) -> Rules:
     b = None
     if op is not None and base is None:
         b = next((x for x in registry.backends(operator) if x.name == backend), None)
+    known = op is not None and (b is not None or base is not None)
+    if not known:
+        UNREGISTERED.add(f"{operator}/{backend}")
     return Rules(k_max=op.k_max if op else K_MAX, k_rms=op.k_rms if op else K_RMS,
                  gaps=b.gaps if b else (), exceptions=tuple(b.contract_exceptions) if b else (),
-                 device_class=device_class, known=op is not None and (b is not None or base is not None))
+                 device_class=device_class, known=known)
 
 
 def judge_cell(rec: CellRecord, rules: Rules | None = None, device_class: str = "") -> CellJudgement:
