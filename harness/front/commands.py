@@ -95,7 +95,7 @@ def cmd_report(a: argparse.Namespace) -> int:
     if unregistered():
         print(f"note: rendered without the declared gaps and contract exceptions of {', '.join(unregistered())}: "
               "not registered here (load the plugin with --plugin, or install the extra that registers it, e.g. "
-              "'.[liger]'); render them where they are", file=sys.stderr)
+              "'.[liger]'); render them where it is", file=sys.stderr)
     return 0
 
 

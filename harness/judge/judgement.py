@@ -99,11 +99,11 @@ def rules_for(operator: str, backend: str, device_class: str) -> Rules:
 
 # "operator/backend" of cells judged without their registration (a plugin not loaded, an extra not installed):
 # `harness report` names them, since their declared gaps and exceptions were not applied
-UNREGISTERED: set[str] = set()
+_UNREGISTERED: set[str] = set()
 
 
 def unregistered() -> list[str]:
-    return sorted(UNREGISTERED)
+    return sorted(_UNREGISTERED)
 
 
 @lru_cache(maxsize=512)
@@ -117,7 +117,7 @@ def _rules(operator: str, backend: str, device_class: str) -> Rules:
         b = next((x for x in registry.backends(operator) if x.name == backend), None)
     known = op is not None and (b is not None or base is not None)
     if not known:
-        UNREGISTERED.add(f"{operator}/{backend}")
+        _UNREGISTERED.add(f"{operator}/{backend}")
     return Rules(k_max=op.k_max if op else K_MAX, k_rms=op.k_rms if op else K_RMS,
                  gaps=b.gaps if b else (), exceptions=tuple(b.contract_exceptions) if b else (),
                  device_class=device_class, known=known)
