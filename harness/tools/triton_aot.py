@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation of Triton kernels for a Hopper target, with no GPU present.
+"""Ahead-of-time compilation of Triton (and Gluon) kernels for a Hopper target, with no GPU present.
 
 Each Triton backend package may have ``aot.py`` with ``aot_targets() -> list[dict]``; a target is
 ``{"name", "kernel" (a @triton.jit function), "signature" ({arg: "*fp32" | "i32" | ... |
@@ -59,7 +59,13 @@ def compile_target(target: dict, arch: int = 90) -> object:
     params = inspect.signature(ASTSource.__init__).parameters
     key = "constexprs" if "constexprs" in params else "constants"
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in target.get("aligned", ())}
-    src = ASTSource(fn=fn, signature=dict(target["signature"]), attrs=attrs or None, **{key: consts})
+    if getattr(fn, "is_gluon", lambda: False)():
+        # Gluon kernels (explicit layouts) lower through their own source class
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        src = GluonASTSource(fn, dict(target["signature"]), consts, attrs)
+    else:
+        src = ASTSource(fn=fn, signature=dict(target["signature"]), attrs=attrs or None, **{key: consts})
     options = dict(target.get("options") or {})
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options or None)
 

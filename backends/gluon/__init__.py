@@ -1,0 +1,1 @@
+"""Gluon backends: Triton's lower-level dialect (explicit layouts, shared memory, TMA, mbarriers) for sm_90."""

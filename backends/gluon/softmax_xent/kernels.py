@@ -1,0 +1,189 @@
+"""softmax_xent in Gluon: one persistent kernel streaming rows through a TMA-fed shared-memory ring.
+
+Each program owns the rows ``pid, pid + nprog, ...`` and walks one flat stream of ``[1, BLOCK_V]``
+chunks over them: every chunk of a row for the statistics, then (when a gradient is written) every chunk
+of the same row again for dlogits. The ring keeps ``STAGES`` chunks in flight along that stream, across
+the boundary between the two passes and between rows, so the copy engine never waits for a row's
+reduction. The second read of a row comes from L2 (a program holds one row at a time, and the dlogits
+stores are marked evict-first), so DRAM sees one read of the logits and one write of dlogits.
+
+Numerics (the same as the CUDA backend's): float32 throughout. The statistics are kept per lane, as the
+pair (m, r) with ``sum_j exp(z_j - m) = 1 + r`` and ``r`` the sum without one maximal element, updated
+with one exponential per element and no cross-lane work until the row ends; the row's log-sum is then
+``m + log1p(r)``, so a confident row (p_y -> 1) keeps its digits, and the target's ``p - 1`` is
+``expm1`` of ``log p`` (one scalar per row) rather than a difference of two rounded numbers.
+
+Modes (``MODE``, a constexpr):
+  0  statistics and per-row losses only (no gradient wanted, or reduction "none");
+  1  statistics, losses and dlogits for an upstream gradient of 1 (scaled by ``inv``, 1/D);
+  2  dlogits recomputed from saved statistics for the upstream gradient g (the backward);
+  3  dlogits scaled in place by g (the in-place backward: the buffer already holds dlogits for g = 1).
+With ``SKIP_IF_ONE`` (modes 2 and 3, scalar g) the program reads g on the device and does nothing when g
+is exactly 1, so ``loss.backward()`` costs no pass and no host synchronisation.
+
+Rows whose layout TMA cannot describe (a row stride that is not a multiple of 16 bytes, an unaligned
+base) take the same kernel with ``USE_TMA`` off: the chunks are loaded from global memory directly.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+LOG2E = gl.constexpr(1.4426950408889634)
+# triton 3.6 (the GPU hosts) names the TMA load async_copy_global_to_shared; 3.9 (CI) renamed it async_load
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# and its CTA-wide barrier thread_barrier; 3.9 calls it barrier
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+
+@gluon.jit
+def _log1p(r):
+    # Kahan's: log(u) * r / (u - 1) with u = 1 + r rounded; exact to a few ulps for tiny r
+    u = 1.0 + r
+    d = u - 1.0
+    return gl.where(d == 0.0, r, gl.log(u) * (r / gl.where(d == 0.0, 1.0, d)))
+
+
+@gluon.jit
+def _expm1(t):
+    # Kahan's: (u - 1) * t / log(u) with u = exp(t); keeps the digits of p - 1 for p -> 1
+    u = gl.exp(t)
+    d = u - 1.0
+    lu = gl.log(u)
+    return gl.where(d == 0.0, t, gl.where(d == -1.0, -1.0, d * (t / gl.where(lu == 0.0, 1.0, lu))))
+
+
+@gluon.jit
+def _issue(desc, ring, bars, item, total, pid, nprog, per_row, nchunks,
+           BLOCK_V: gl.constexpr, STAGES: gl.constexpr):
+    """Start the TMA load of stream item ``item`` (if it exists) into its ring slot."""
+    if item < total:
+        slot = item % STAGES
+        row = pid + (item // per_row) * nprog
+        chunk = (item % per_row) % nchunks
+        bar = bars.index(slot)
+        mbarrier.expect(bar, desc.block_type.nbytes)
+        _tma_load(desc, [row, chunk * BLOCK_V], bar, ring.index(slot))
+
+
+@gluon.jit
+def _next_chunk(desc, ring, bars, src_ptr, row_off, cols, valid, item, total, pid, nprog, per_row, nchunks,
+                layout: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr, USE_TMA: gl.constexpr):
+    """Stream item ``item`` as float32 ``[1, BLOCK_V]`` (columns past V: -inf); refills its slot."""
+    if USE_TMA:
+        slot = item % STAGES
+        mbarrier.wait(bars.index(slot), (item // STAGES) & 1)
+        x = ring.index(slot).load(layout)
+        # every warp has read the slot before the copy engine may overwrite it
+        _cta_barrier()
+        fence_async_shared()
+        _issue(desc, ring, bars, item + STAGES, total, pid, nprog, per_row, nchunks, BLOCK_V, STAGES)
+    else:
+        x = gl.load(src_ptr + row_off + cols, mask=valid, other=0.0)
+    return gl.where(valid, x.to(gl.float32), float("-inf"))
+
+
+@gluon.jit
+def xent_rows_kernel(
+        desc, src_ptr, ls, out_ptr, ds, tgt_ptr, ts, ignore_index, N, V,
+        stats_ptr, loss_ptr, inv_ptr, g_ptr, gs, eps, lam,
+        MODE: gl.constexpr, SKIP_IF_ONE: gl.constexpr, USE_TMA: gl.constexpr,
+        BLOCK_V: gl.constexpr, STAGES: gl.constexpr, VEC: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [1, gl.num_warps()], [1, 0])
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    nchunks = gl.cdiv(V, BLOCK_V)
+    PASSES: gl.constexpr = 2 if MODE == 1 else 1
+    per_row = nchunks * PASSES
+    my_rows = gl.cdiv(N - pid, nprog)
+    if SKIP_IF_ONE:
+        # loss.backward(): the forward's dlogits are already right
+        my_rows = gl.where(gl.load(g_ptr) == 1.0, 0, my_rows)
+    total = my_rows * per_row
+    inv = gl.load(inv_ptr)
+
+    offs = gl.expand_dims(gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, layout)), 0)
+    if USE_TMA:
+        ring = gl.allocate_shared_memory(desc.dtype, [STAGES, 1, BLOCK_V], desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(bars.index(s), count=1)
+        for s in gl.static_range(STAGES):
+            _issue(desc, ring, bars, s, total, pid, nprog, per_row, nchunks, BLOCK_V, STAGES)
+    else:
+        ring = 0
+        bars = 0
+
+    item = 0
+    for ri in range(my_rows):
+        row = pid + ri * nprog
+        row_off = row.to(gl.int64) * ls
+        y = gl.load(tgt_ptr + row.to(gl.int64) * ts)
+        valid_row = y != ignore_index
+        if MODE == 3:
+            g = gl.load(g_ptr + row.to(gl.int64) * gs)
+            for c in range(nchunks):
+                cols = offs + c * BLOCK_V
+                valid = cols < V
+                x = _next_chunk(desc, ring, bars, src_ptr, row_off, cols, valid, item, total, pid, nprog,
+                                per_row, nchunks, layout, BLOCK_V, STAGES, USE_TMA)
+                item += 1
+                gl.store(out_ptr + row.to(gl.int64) * ds + cols, (x * g).to(out_ptr.dtype.element_ty), mask=valid,
+                         eviction_policy="evict_first")
+        else:
+            zy = gl.load(src_ptr + row_off + y, mask=valid_row, other=0.0).to(gl.float32)
+            if MODE == 2:
+                m = gl.load(stats_ptr + row.to(gl.int64) * 2)
+                lg = gl.load(stats_ptr + row.to(gl.int64) * 2 + 1)
+                scale = inv * gl.load(g_ptr + row.to(gl.int64) * gs)
+            else:
+                # per-lane (max, sum without one maximal element, sum of logits)
+                m_l = gl.full([1, BLOCK_V], float("-inf"), gl.float32, layout)
+                r_l = gl.full([1, BLOCK_V], -1.0, gl.float32, layout)
+                z_l = gl.zeros([1, BLOCK_V], gl.float32, layout)
+                for c in range(nchunks):
+                    cols = offs + c * BLOCK_V
+                    valid = cols < V
+                    x = _next_chunk(desc, ring, bars, src_ptr, row_off, cols, valid, item, total, pid, nprog,
+                                    per_row, nchunks, layout, BLOCK_V, STAGES, USE_TMA)
+                    item += 1
+                    hi = gl.maximum(m_l, x)
+                    e = gl.exp2((gl.minimum(m_l, x) - hi) * LOG2E)
+                    r_l = gl.where(valid, gl.where(x > m_l, (1.0 + r_l) * e, r_l + e), r_l)
+                    m_l = hi
+                    z_l += gl.where(valid, x, 0.0)
+                m = gl.max(gl.max(m_l, axis=1), axis=0)
+                top = m_l == m
+                rest = gl.where(top, r_l, (1.0 + r_l) * gl.exp2((m_l - m) * LOG2E))
+                r = gl.sum(gl.sum(rest, axis=1), axis=0) + (gl.sum(gl.sum(top.to(gl.float32), axis=1), axis=0) - 1.0)
+                lg = _log1p(r)
+                lse = m + lg
+                zsum = gl.sum(gl.sum(z_l, axis=1), axis=0)
+                loss = lse - (1.0 - eps) * zy - (eps / V) * zsum + lam * lse * lse
+                gl.store(loss_ptr + row, gl.where(valid_row, loss, 0.0))
+                gl.store(stats_ptr + row.to(gl.int64) * 2, m)
+                gl.store(stats_ptr + row.to(gl.int64) * 2 + 1, lg)
+                scale = inv
+            if MODE != 0:
+                lse = m + lg
+                coef = 1.0 + 2.0 * lam * lse
+                lpy = (zy - m) - lg
+                # the target's value, p - (1 - eps) formed without cancellation
+                tval = _expm1(lpy) + (coef - 1.0) * gl.exp(lpy) + eps - eps / V
+                for c in range(nchunks):
+                    cols = offs + c * BLOCK_V
+                    valid = cols < V
+                    x = _next_chunk(desc, ring, bars, src_ptr, row_off, cols, valid, item, total, pid, nprog,
+                                    per_row, nchunks, layout, BLOCK_V, STAGES, USE_TMA)
+                    item += 1
+                    p = gl.exp2(((x - m) - lg) * LOG2E)
+                    dz = gl.where(cols == y, tval, coef * p - eps / V) * scale
+                    dz = gl.where(valid_row, dz, 0.0)
+                    gl.store(out_ptr + row.to(gl.int64) * ds + cols, dz.to(out_ptr.dtype.element_ty), mask=valid,
+                             eviction_policy="evict_first")
+
+    if USE_TMA:
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(s))
