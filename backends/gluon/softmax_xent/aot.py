@@ -23,9 +23,9 @@ def _descriptor_type(dtype: str, block_v: int) -> str:
     return f"tensordesc<{dtype}[1, {block_v}],{layout!r}>"
 
 
-def _target(dtype: str, mode: int, skip: bool, tma: bool) -> dict:
+def _target(dtype: str, mode: int, skip: bool, tma: bool, smooth: bool = False) -> dict:
     cfg = CONFIG[_BYTES[dtype]]
-    consts = {"MODE": mode, "SKIP_IF_ONE": skip, "USE_TMA": tma, "BLOCK_V": cfg["BLOCK_V"],
+    consts = {"MODE": mode, "SKIP_IF_ONE": skip, "USE_TMA": tma, "SMOOTH": smooth, "BLOCK_V": cfg["BLOCK_V"],
               "STAGES": cfg["STAGES"], "VEC": 16 // _BYTES[dtype]}
     if not tma:
         consts["desc"] = None
@@ -43,11 +43,14 @@ def _target(dtype: str, mode: int, skip: bool, tma: bool) -> dict:
             sig[name] = "*fp32"
         else:
             sig[name] = _INTS.get(name, "fp32")
-    return {"name": f"mode{mode}-{dtype}-{'tma' if tma else 'ptr'}", "kernel": K.xent_rows_kernel,
+    name = f"mode{mode}-{dtype}-{'tma' if tma else 'ptr'}{'-smooth' if smooth else ''}"
+    return {"name": name, "kernel": K.xent_rows_kernel,
             "signature": sig, "constexprs": consts, "options": {"num_warps": cfg["warps"]},
             "aligned": [a for a in _ALIGNED if a not in consts]}
 
 
 def aot_targets() -> list[dict]:
-    return [_target(dt, mode, skip, tma) for dt in ("bf16", "fp16", "fp32") for mode, skip in _MODES
-            for tma in (True, False)]
+    plain = [_target(dt, mode, skip, tma) for dt in ("bf16", "fp16", "fp32") for mode, skip in _MODES
+             for tma in (True, False)]
+    # label smoothing adds the per-lane sum of the logits to the statistics pass
+    return plain + [_target(dt, 1, False, True, smooth=True) for dt in ("bf16", "fp32")]

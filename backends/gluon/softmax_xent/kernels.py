@@ -70,8 +70,10 @@ def _issue(desc, ring, bars, item, total, pid, nprog, per_row, nchunks,
 
 @gluon.jit
 def _next_chunk(desc, ring, bars, src_ptr, row_off, cols, valid, item, total, pid, nprog, per_row, nchunks,
-                layout: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr, USE_TMA: gl.constexpr):
-    """Stream item ``item`` as float32 ``[1, BLOCK_V]`` (columns past V: -inf); refills its slot."""
+                layout: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr, USE_TMA: gl.constexpr,
+                MASKED: gl.constexpr):
+    """Stream item ``item`` as float32 ``[1, BLOCK_V]``, refilling its ring slot. MASKED (the row's last
+    chunk): columns past V read as -inf."""
     if USE_TMA:
         slot = item % STAGES
         mbarrier.wait(bars.index(slot), (item // STAGES) & 1)
@@ -80,16 +82,46 @@ def _next_chunk(desc, ring, bars, src_ptr, row_off, cols, valid, item, total, pi
         _cta_barrier()
         fence_async_shared()
         _issue(desc, ring, bars, item + STAGES, total, pid, nprog, per_row, nchunks, BLOCK_V, STAGES)
-    else:
+    elif MASKED:
         x = gl.load(src_ptr + row_off + cols, mask=valid, other=0.0)
-    return gl.where(valid, x.to(gl.float32), float("-inf"))
+    else:
+        x = gl.load(src_ptr + row_off + cols)
+    x = x.to(gl.float32)
+    if MASKED:
+        x = gl.where(valid, x, float("-inf"))
+    return x
+
+
+@gluon.jit
+def _lane_stats(x, m_l, r_l, z_l, valid, MASKED: gl.constexpr, SMOOTH: gl.constexpr):
+    """Per-lane online update of (max, sum without one maximal element, sum of logits): one exponential
+    per element, no cross-lane work."""
+    hi = gl.maximum(m_l, x)
+    e = gl.exp2((gl.minimum(m_l, x) - hi) * LOG2E)
+    r_new = gl.where(x > m_l, (1.0 + r_l) * e, r_l + e)
+    if MASKED:
+        # a -inf column would make e NaN (-inf - -inf); it adds nothing
+        r_new = gl.where(valid, r_new, r_l)
+    if SMOOTH:
+        z_l += gl.where(valid, x, 0.0) if MASKED else x
+    return hi, r_new, z_l
+
+
+@gluon.jit
+def _row_stats(m_l, r_l):
+    """(m, r) of the row from its lanes: sum_j exp(z_j - m) = 1 + r, r without one maximal element."""
+    m = gl.max(gl.max(m_l, axis=1), axis=0)
+    top = m_l == m
+    rest = gl.where(top, r_l, (1.0 + r_l) * gl.exp2((m_l - m) * LOG2E))
+    r = gl.sum(gl.sum(rest, axis=1), axis=0) + (gl.sum(gl.sum(top.to(gl.float32), axis=1), axis=0) - 1.0)
+    return m, r
 
 
 @gluon.jit
 def xent_rows_kernel(
         desc, src_ptr, ls, out_ptr, ds, tgt_ptr, ts, ignore_index, N, V,
         stats_ptr, loss_ptr, inv_ptr, g_ptr, gs, eps, lam,
-        MODE: gl.constexpr, SKIP_IF_ONE: gl.constexpr, USE_TMA: gl.constexpr,
+        MODE: gl.constexpr, SKIP_IF_ONE: gl.constexpr, USE_TMA: gl.constexpr, SMOOTH: gl.constexpr,
         BLOCK_V: gl.constexpr, STAGES: gl.constexpr, VEC: gl.constexpr):
     layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [1, gl.num_warps()], [1, 0])
     pid = gl.program_id(0)
@@ -117,72 +149,85 @@ def xent_rows_kernel(
         bars = 0
 
     item = 0
+    last = nchunks - 1
     for ri in range(my_rows):
         row = pid + ri * nprog
         row_off = row.to(gl.int64) * ls
+        out_row = out_ptr + row.to(gl.int64) * ds
         y = gl.load(tgt_ptr + row.to(gl.int64) * ts)
         valid_row = y != ignore_index
         if MODE == 3:
             g = gl.load(g_ptr + row.to(gl.int64) * gs)
-            for c in range(nchunks):
-                cols = offs + c * BLOCK_V
-                valid = cols < V
-                x = _next_chunk(desc, ring, bars, src_ptr, row_off, cols, valid, item, total, pid, nprog,
-                                per_row, nchunks, layout, BLOCK_V, STAGES, USE_TMA)
+            for c in range(last):
+                x = _next_chunk(desc, ring, bars, src_ptr, row_off, offs + c * BLOCK_V, offs < V, item, total, pid,
+                                nprog, per_row, nchunks, layout, BLOCK_V, STAGES, USE_TMA, False)
                 item += 1
-                gl.store(out_ptr + row.to(gl.int64) * ds + cols, (x * g).to(out_ptr.dtype.element_ty), mask=valid,
+                gl.store(out_row + c * BLOCK_V + offs, (x * g).to(out_ptr.dtype.element_ty),
                          eviction_policy="evict_first")
+            cols = offs + last * BLOCK_V
+            x = _next_chunk(desc, ring, bars, src_ptr, row_off, cols, cols < V, item, total, pid, nprog,
+                            per_row, nchunks, layout, BLOCK_V, STAGES, USE_TMA, True)
+            item += 1
+            gl.store(out_row + cols, (x * g).to(out_ptr.dtype.element_ty), mask=cols < V,
+                     eviction_policy="evict_first")
         else:
             zy = gl.load(src_ptr + row_off + y, mask=valid_row, other=0.0).to(gl.float32)
             if MODE == 2:
                 m = gl.load(stats_ptr + row.to(gl.int64) * 2)
                 lg = gl.load(stats_ptr + row.to(gl.int64) * 2 + 1)
-                scale = inv * gl.load(g_ptr + row.to(gl.int64) * gs)
+                scale = gl.where(valid_row, inv * gl.load(g_ptr + row.to(gl.int64) * gs), 0.0)
             else:
-                # per-lane (max, sum without one maximal element, sum of logits)
                 m_l = gl.full([1, BLOCK_V], float("-inf"), gl.float32, layout)
                 r_l = gl.full([1, BLOCK_V], -1.0, gl.float32, layout)
                 z_l = gl.zeros([1, BLOCK_V], gl.float32, layout)
-                for c in range(nchunks):
-                    cols = offs + c * BLOCK_V
-                    valid = cols < V
-                    x = _next_chunk(desc, ring, bars, src_ptr, row_off, cols, valid, item, total, pid, nprog,
-                                    per_row, nchunks, layout, BLOCK_V, STAGES, USE_TMA)
+                for c in range(last):
+                    x = _next_chunk(desc, ring, bars, src_ptr, row_off, offs + c * BLOCK_V, offs < V, item, total,
+                                    pid, nprog, per_row, nchunks, layout, BLOCK_V, STAGES, USE_TMA, False)
                     item += 1
-                    hi = gl.maximum(m_l, x)
-                    e = gl.exp2((gl.minimum(m_l, x) - hi) * LOG2E)
-                    r_l = gl.where(valid, gl.where(x > m_l, (1.0 + r_l) * e, r_l + e), r_l)
-                    m_l = hi
-                    z_l += gl.where(valid, x, 0.0)
-                m = gl.max(gl.max(m_l, axis=1), axis=0)
-                top = m_l == m
-                rest = gl.where(top, r_l, (1.0 + r_l) * gl.exp2((m_l - m) * LOG2E))
-                r = gl.sum(gl.sum(rest, axis=1), axis=0) + (gl.sum(gl.sum(top.to(gl.float32), axis=1), axis=0) - 1.0)
+                    m_l, r_l, z_l = _lane_stats(x, m_l, r_l, z_l, offs < V, False, SMOOTH)
+                cols = offs + last * BLOCK_V
+                x = _next_chunk(desc, ring, bars, src_ptr, row_off, cols, cols < V, item, total, pid, nprog,
+                                per_row, nchunks, layout, BLOCK_V, STAGES, USE_TMA, True)
+                item += 1
+                m_l, r_l, z_l = _lane_stats(x, m_l, r_l, z_l, cols < V, True, SMOOTH)
+                m, r = _row_stats(m_l, r_l)
                 lg = _log1p(r)
                 lse = m + lg
-                zsum = gl.sum(gl.sum(z_l, axis=1), axis=0)
-                loss = lse - (1.0 - eps) * zy - (eps / V) * zsum + lam * lse * lse
+                # LSE - z_y as (m - z_y) + log1p(r): a confident row's loss keeps its digits
+                loss = (m - zy) + lg + lam * lse * lse
+                if SMOOTH:
+                    loss += eps * (zy - gl.sum(gl.sum(z_l, axis=1), axis=0) / V)
                 gl.store(loss_ptr + row, gl.where(valid_row, loss, 0.0))
                 gl.store(stats_ptr + row.to(gl.int64) * 2, m)
                 gl.store(stats_ptr + row.to(gl.int64) * 2 + 1, lg)
-                scale = inv
+                scale = gl.where(valid_row, inv, 0.0)
             if MODE != 0:
                 lse = m + lg
                 coef = 1.0 + 2.0 * lam * lse
-                lpy = (zy - m) - lg
-                # the target's value, p - (1 - eps) formed without cancellation
-                tval = _expm1(lpy) + (coef - 1.0) * gl.exp(lpy) + eps - eps / V
-                for c in range(nchunks):
-                    cols = offs + c * BLOCK_V
-                    valid = cols < V
-                    x = _next_chunk(desc, ring, bars, src_ptr, row_off, cols, valid, item, total, pid, nprog,
-                                    per_row, nchunks, layout, BLOCK_V, STAGES, USE_TMA)
+                # dz = p * a + b for every column; 0 - ... keeps an ignored row's zeros positive
+                a = coef * scale
+                b = 0.0 - (eps / V) * scale
+                lgl = lg * LOG2E
+                for c in range(last):
+                    x = _next_chunk(desc, ring, bars, src_ptr, row_off, offs + c * BLOCK_V, offs < V, item, total,
+                                    pid, nprog, per_row, nchunks, layout, BLOCK_V, STAGES, USE_TMA, False)
                     item += 1
-                    p = gl.exp2(((x - m) - lg) * LOG2E)
-                    dz = gl.where(cols == y, tval, coef * p - eps / V) * scale
-                    dz = gl.where(valid_row, dz, 0.0)
-                    gl.store(out_ptr + row.to(gl.int64) * ds + cols, dz.to(out_ptr.dtype.element_ty), mask=valid,
+                    p = gl.exp2((x - m) * LOG2E - lgl)
+                    gl.store(out_row + c * BLOCK_V + offs, (p * a + b).to(out_ptr.dtype.element_ty),
                              eviction_policy="evict_first")
+                cols = offs + last * BLOCK_V
+                x = _next_chunk(desc, ring, bars, src_ptr, row_off, cols, cols < V, item, total, pid, nprog,
+                                per_row, nchunks, layout, BLOCK_V, STAGES, USE_TMA, True)
+                item += 1
+                p = gl.exp2((x - m) * LOG2E - lgl)
+                gl.store(out_row + cols, (p * a + b).to(out_ptr.dtype.element_ty), mask=cols < V,
+                         eviction_policy="evict_first")
+                # the target column again, p - (1 - eps) formed without cancellation: after a barrier, so
+                # that it lands after the row's own store of that column
+                lpy = (zy - m) - lg
+                tval = (_expm1(lpy) + (coef - 1.0) * gl.exp(lpy) + eps - eps / V) * scale
+                _cta_barrier()
+                gl.store(out_row + y, tval.to(out_ptr.dtype.element_ty), mask=valid_row)
 
     if USE_TMA:
         for s in gl.static_range(STAGES):

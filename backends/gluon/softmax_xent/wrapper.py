@@ -66,8 +66,8 @@ def launch(mode: int, src: Tensor, out: Tensor | None, targets: Tensor, ignore_i
         xent_rows_kernel[grid](
             desc, src, src.stride(0), dst, dst.stride(0), targets, targets.stride(0), ignore_index, N, V,
             stats, row_loss, inv, g, gs, eps, lam,
-            MODE=mode, SKIP_IF_ONE=skip_if_one, USE_TMA=use_tma, BLOCK_V=block_v, STAGES=cfg["STAGES"],
-            VEC=16 // src.element_size(), num_warps=cfg["warps"])
+            MODE=mode, SKIP_IF_ONE=skip_if_one, USE_TMA=use_tma, SMOOTH=eps != 0.0, BLOCK_V=block_v,
+            STAGES=cfg["STAGES"], VEC=16 // src.element_size(), num_warps=cfg["warps"])
 
 
 def _pow2(n: int) -> int:

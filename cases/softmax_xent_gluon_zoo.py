@@ -1,0 +1,47 @@
+"""Bug-zoo mutants of the Gluon softmax_xent backend (issue 45): the failure modes its machinery adds.
+
+Edits apply to backends/gluon/softmax_xent/ (a temporary copy). They run on a GPU (sm_90) only.
+"""
+
+from __future__ import annotations
+
+from harness.cases.softmax_xent import C
+
+from harness import Expectation, Mutant, register_mutant
+
+SEED = "project: Gluon TMA ring (issue 45)"
+# 64 rows of 32000 bf16 logits: 8 ring slots per row, rows 16-byte aligned (TMA); 20% of targets ignored
+_RING = C("zoo-N64-V32000", 64, 32000, ignored=0.2)
+# the same rows padded by 8 columns: a row stride of 32008 elements, still 16-byte aligned, so TMA reads them
+_PADDED = C("zoo-N64-V32000-pad8", 64, 32000, ("non-contiguous",), ignored=0.2, layout="pad:8")
+# one partial last slot per row (V = 5000: 4096 + 904 columns), aligned rows
+_TAIL = C("zoo-N16-V5000", 16, 5000, ignored=0.2)
+
+# A barrier's phase off by one: each wait asks for the phase before the one the copy completes, which has
+# already completed, so it returns at once and the slot is read before (or while) its chunk lands.
+register_mutant(Mutant(
+    id="gluon-xent-barrier-phase", operator="softmax_xent", backend="gluon", seed=SEED,
+    edits=(("kernels.py", "mbarrier.wait(bars.index(slot), (item // STAGES) & 1)",
+            "mbarrier.wait(bars.index(slot), ((item // STAGES) & 1) ^ 1)"),),
+    expect=(Expectation(_RING, "bfloat16", fail=("loss", "dlogits")),),
+    description="mbarrier wait on the wrong phase parity: ring slots read before their TMA copy lands"))
+
+# The descriptor built from the shape instead of the strides: right for contiguous rows, wrong for padded
+# ones (row r is read from r * V instead of r * (V + 8)).
+register_mutant(Mutant(
+    id="gluon-xent-descriptor-stride", operator="softmax_xent", backend="gluon", seed=SEED,
+    edits=(("wrapper.py", "list(t.shape), list(t.stride()), [1, block_v]",
+            "list(t.shape), [t.shape[1], 1], [1, block_v]"),),
+    expect=(Expectation(_PADDED, "bfloat16", fail=("loss", "dlogits")),
+            Expectation(_RING, "bfloat16", passing=("loss", "dlogits"))),
+    description="TMA descriptor with the row stride taken from the shape: padded rows read from the wrong place"))
+
+# The last slot of a row taken unmasked: TMA fills the columns past V with zeros, and the statistics count
+# them as logits equal to 0 (the seed's "only the blocks before the last are right", inverted).
+register_mutant(Mutant(
+    id="gluon-xent-tail-zeros-counted", operator="softmax_xent", backend="gluon", seed=SEED,
+    edits=(("kernels.py", "m_l, r_l, z_l = _lane_stats(x, m_l, r_l, z_l, cols < V, True, SMOOTH)",
+            "m_l, r_l, z_l = _lane_stats(gl.where(cols < V, x, 0.0), m_l, r_l, z_l, offs < V, False, SMOOTH)"),),
+    expect=(Expectation(_TAIL, "bfloat16", fail=("loss", "dlogits")),
+            Expectation(_RING, "bfloat16", passing=("loss", "dlogits"))),
+    description="the zero fill past V counted as logits in the row statistics when V is not a multiple of the slot"))
