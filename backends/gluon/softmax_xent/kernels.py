@@ -21,8 +21,14 @@ Modes (``MODE``, a constexpr):
 With ``SKIP_IF_ONE`` (modes 2 and 3, scalar g) the program reads g on the device and does nothing when g
 is exactly 1, so ``loss.backward()`` costs no pass and no host synchronisation.
 
-Rows whose layout TMA cannot describe (a row stride that is not a multiple of 16 bytes, an unaligned
-base) take the same kernel with ``USE_TMA`` off: the chunks are loaded from global memory directly.
+How the ring is fed (``RING``, a constexpr):
+  1  by the consumer warps themselves: after every warp has read a slot (a CTA barrier), one thread issues
+     the TMA load of the item STAGES ahead into it;
+  2  by a producer warp (``gl.warp_specialize``): it waits on the slot's "empty" barrier and issues the
+     load; the consumer warps wait on its "ready" barrier and arrive on "empty" when they have read it, so
+     they never stop for the copy engine's bookkeeping;
+  0  not at all: rows whose layout TMA cannot describe (a row stride that is not a multiple of 16 bytes,
+     an unaligned base) are loaded from global memory directly, chunk by chunk.
 """
 
 from __future__ import annotations
@@ -56,36 +62,58 @@ def _expm1(t):
 
 
 @gluon.jit
-def _issue(desc, ring, bars, item, total, pid, nprog, per_row, nchunks,
-           BLOCK_V: gl.constexpr, STAGES: gl.constexpr):
-    """Start the TMA load of stream item ``item`` (if it exists) into its ring slot."""
-    if item < total:
-        slot = item % STAGES
-        row = pid + (item // per_row) * nprog
-        chunk = (item % per_row) % nchunks
-        bar = bars.index(slot)
-        mbarrier.expect(bar, desc.block_type.nbytes)
-        _tma_load(desc, [row, chunk * BLOCK_V], bar, ring.index(slot))
+def _coords(item, pid, nprog, per_row, nchunks, BLOCK_V: gl.constexpr):
+    """(row, first column) of stream item ``item``: the rows pid, pid + nprog, ..., per_row items each."""
+    return pid + (item // per_row) * nprog, ((item % per_row) % nchunks) * BLOCK_V
 
 
 @gluon.jit
-def _next_chunk(desc, ring, bars, src_ptr, row_off, cols, valid, item, total, pid, nprog, per_row, nchunks,
-                layout: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr, USE_TMA: gl.constexpr,
-                MASKED: gl.constexpr):
-    """Stream item ``item`` as float32 ``[1, BLOCK_V]``, refilling its ring slot. MASKED (the row's last
-    chunk): columns past V read as -inf."""
-    if USE_TMA:
+def _issue(desc, ring, ready, item, total, pid, nprog, per_row, nchunks, BLOCK_V: gl.constexpr,
+           STAGES: gl.constexpr):
+    """Start the TMA load of stream item ``item`` (if it exists) into its ring slot."""
+    if item < total:
         slot = item % STAGES
-        mbarrier.wait(bars.index(slot), (item // STAGES) & 1)
-        x = ring.index(slot).load(layout)
-        # every warp has read the slot before the copy engine may overwrite it
-        _cta_barrier()
-        fence_async_shared()
-        _issue(desc, ring, bars, item + STAGES, total, pid, nprog, per_row, nchunks, BLOCK_V, STAGES)
-    elif MASKED:
-        x = gl.load(src_ptr + row_off + cols, mask=valid, other=0.0)
+        row, col = _coords(item, pid, nprog, per_row, nchunks, BLOCK_V)
+        mbarrier.expect(ready.index(slot), desc.block_type.nbytes)
+        _tma_load(desc, [row, col], ready.index(slot), ring.index(slot))
+
+
+@gluon.jit
+def _producer(desc, ring, ready, empty, total, pid, nprog, per_row, nchunks, BLOCK_V: gl.constexpr,
+              STAGES: gl.constexpr):
+    """RING 2's producer warp: every stream item into its slot once the consumers have released it."""
+    for item in range(total):
+        slot = item % STAGES
+        # a fresh barrier counts as released (parity 1), so the first lap does not wait
+        mbarrier.wait(empty.index(slot), ((item // STAGES) & 1) ^ 1)
+        row, col = _coords(item, pid, nprog, per_row, nchunks, BLOCK_V)
+        mbarrier.expect(ready.index(slot), desc.block_type.nbytes)
+        _tma_load(desc, [row, col], ready.index(slot), ring.index(slot))
+
+
+@gluon.jit
+def _next_chunk(desc, ring, ready, empty, src_ptr, row_off, cols, valid, item, total, pid, nprog, per_row,
+                nchunks, layout: gl.constexpr, BLOCK_V: gl.constexpr, STAGES: gl.constexpr, RING: gl.constexpr,
+                MASKED: gl.constexpr):
+    """Stream item ``item`` as float32 ``[1, BLOCK_V]``, its ring slot handed back. MASKED (the row's last
+    chunk): columns past V read as -inf."""
+    if RING == 0:
+        if MASKED:
+            x = gl.load(src_ptr + row_off + cols, mask=valid, other=0.0)
+        else:
+            x = gl.load(src_ptr + row_off + cols)
     else:
-        x = gl.load(src_ptr + row_off + cols)
+        slot = item % STAGES
+        mbarrier.wait(ready.index(slot), (item // STAGES) & 1)
+        x = ring.index(slot).load(layout)
+        if RING == 1:
+            # every warp has read the slot before the copy engine may overwrite it
+            _cta_barrier()
+            fence_async_shared()
+            _issue(desc, ring, ready, item + STAGES, total, pid, nprog, per_row, nchunks, BLOCK_V, STAGES)
+        else:
+            fence_async_shared()
+            mbarrier.arrive(empty.index(slot), count=1)
     x = x.to(gl.float32)
     if MASKED:
         x = gl.where(valid, x, float("-inf"))
@@ -118,36 +146,14 @@ def _row_stats(m_l, r_l):
 
 
 @gluon.jit
-def xent_rows_kernel(
-        desc, src_ptr, ls, out_ptr, ds, tgt_ptr, ts, ignore_index, N, V,
-        stats_ptr, loss_ptr, inv_ptr, g_ptr, gs, eps, lam,
-        MODE: gl.constexpr, SKIP_IF_ONE: gl.constexpr, USE_TMA: gl.constexpr, SMOOTH: gl.constexpr,
-        BLOCK_V: gl.constexpr, STAGES: gl.constexpr, VEC: gl.constexpr):
-    layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [1, gl.num_warps()], [1, 0])
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    nchunks = gl.cdiv(V, BLOCK_V)
-    PASSES: gl.constexpr = 2 if MODE == 1 else 1
-    per_row = nchunks * PASSES
-    my_rows = gl.cdiv(N - pid, nprog)
-    if SKIP_IF_ONE:
-        # loss.backward(): the forward's dlogits are already right
-        my_rows = gl.where(gl.load(g_ptr) == 1.0, 0, my_rows)
-    total = my_rows * per_row
-    inv = gl.load(inv_ptr)
-
+def _rows(desc, ring, ready, empty, src_ptr, ls, out_ptr, ds, tgt_ptr, ts, ignore_index, V, stats_ptr, loss_ptr,
+          inv_ptr, g_ptr, gs, eps, lam, pid, nprog, nchunks, per_row, my_rows, total,
+          MODE: gl.constexpr, RING: gl.constexpr, SMOOTH: gl.constexpr, BLOCK_V: gl.constexpr,
+          STAGES: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr):
+    """The consumer: this program's rows, each chunk taken from the stream in order."""
+    layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [1, WARPS], [1, 0])
     offs = gl.expand_dims(gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, layout)), 0)
-    if USE_TMA:
-        ring = gl.allocate_shared_memory(desc.dtype, [STAGES, 1, BLOCK_V], desc.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(STAGES):
-            mbarrier.init(bars.index(s), count=1)
-        for s in gl.static_range(STAGES):
-            _issue(desc, ring, bars, s, total, pid, nprog, per_row, nchunks, BLOCK_V, STAGES)
-    else:
-        ring = 0
-        bars = 0
-
+    inv = gl.load(inv_ptr)
     item = 0
     last = nchunks - 1
     for ri in range(my_rows):
@@ -159,14 +165,14 @@ def xent_rows_kernel(
         if MODE == 3:
             g = gl.load(g_ptr + row.to(gl.int64) * gs)
             for c in range(last):
-                x = _next_chunk(desc, ring, bars, src_ptr, row_off, offs + c * BLOCK_V, offs < V, item, total, pid,
-                                nprog, per_row, nchunks, layout, BLOCK_V, STAGES, USE_TMA, False)
+                x = _next_chunk(desc, ring, ready, empty, src_ptr, row_off, offs + c * BLOCK_V, offs < V, item,
+                                total, pid, nprog, per_row, nchunks, layout, BLOCK_V, STAGES, RING, False)
                 item += 1
                 gl.store(out_row + c * BLOCK_V + offs, (x * g).to(out_ptr.dtype.element_ty),
                          eviction_policy="evict_first")
             cols = offs + last * BLOCK_V
-            x = _next_chunk(desc, ring, bars, src_ptr, row_off, cols, cols < V, item, total, pid, nprog,
-                            per_row, nchunks, layout, BLOCK_V, STAGES, USE_TMA, True)
+            x = _next_chunk(desc, ring, ready, empty, src_ptr, row_off, cols, cols < V, item, total, pid, nprog,
+                            per_row, nchunks, layout, BLOCK_V, STAGES, RING, True)
             item += 1
             gl.store(out_row + cols, (x * g).to(out_ptr.dtype.element_ty), mask=cols < V,
                      eviction_policy="evict_first")
@@ -181,13 +187,13 @@ def xent_rows_kernel(
                 r_l = gl.full([1, BLOCK_V], -1.0, gl.float32, layout)
                 z_l = gl.zeros([1, BLOCK_V], gl.float32, layout)
                 for c in range(last):
-                    x = _next_chunk(desc, ring, bars, src_ptr, row_off, offs + c * BLOCK_V, offs < V, item, total,
-                                    pid, nprog, per_row, nchunks, layout, BLOCK_V, STAGES, USE_TMA, False)
+                    x = _next_chunk(desc, ring, ready, empty, src_ptr, row_off, offs + c * BLOCK_V, offs < V,
+                                    item, total, pid, nprog, per_row, nchunks, layout, BLOCK_V, STAGES, RING, False)
                     item += 1
                     m_l, r_l, z_l = _lane_stats(x, m_l, r_l, z_l, offs < V, False, SMOOTH)
                 cols = offs + last * BLOCK_V
-                x = _next_chunk(desc, ring, bars, src_ptr, row_off, cols, cols < V, item, total, pid, nprog,
-                                per_row, nchunks, layout, BLOCK_V, STAGES, USE_TMA, True)
+                x = _next_chunk(desc, ring, ready, empty, src_ptr, row_off, cols, cols < V, item, total, pid,
+                                nprog, per_row, nchunks, layout, BLOCK_V, STAGES, RING, True)
                 item += 1
                 m_l, r_l, z_l = _lane_stats(x, m_l, r_l, z_l, cols < V, True, SMOOTH)
                 m, r = _row_stats(m_l, r_l)
@@ -204,31 +210,70 @@ def xent_rows_kernel(
             if MODE != 0:
                 lse = m + lg
                 coef = 1.0 + 2.0 * lam * lse
-                # dz = p * a + b for every column; 0 - ... keeps an ignored row's zeros positive
+                # dz = p * a + b off the target; 0 - ... keeps an ignored row's zeros positive
                 a = coef * scale
                 b = 0.0 - (eps / V) * scale
                 lgl = lg * LOG2E
-                for c in range(last):
-                    x = _next_chunk(desc, ring, bars, src_ptr, row_off, offs + c * BLOCK_V, offs < V, item, total,
-                                    pid, nprog, per_row, nchunks, layout, BLOCK_V, STAGES, USE_TMA, False)
-                    item += 1
-                    p = gl.exp2((x - m) * LOG2E - lgl)
-                    gl.store(out_row + c * BLOCK_V + offs, (p * a + b).to(out_ptr.dtype.element_ty),
-                             eviction_policy="evict_first")
-                cols = offs + last * BLOCK_V
-                x = _next_chunk(desc, ring, bars, src_ptr, row_off, cols, cols < V, item, total, pid, nprog,
-                                per_row, nchunks, layout, BLOCK_V, STAGES, USE_TMA, True)
-                item += 1
-                p = gl.exp2((x - m) * LOG2E - lgl)
-                gl.store(out_row + cols, (p * a + b).to(out_ptr.dtype.element_ty), mask=cols < V,
-                         eviction_policy="evict_first")
-                # the target column again, p - (1 - eps) formed without cancellation: after a barrier, so
-                # that it lands after the row's own store of that column
+                # the target's value, p - (1 - eps) formed without cancellation
                 lpy = (zy - m) - lg
                 tval = (_expm1(lpy) + (coef - 1.0) * gl.exp(lpy) + eps - eps / V) * scale
-                _cta_barrier()
-                gl.store(out_row + y, tval.to(out_ptr.dtype.element_ty), mask=valid_row)
+                for c in range(last):
+                    x = _next_chunk(desc, ring, ready, empty, src_ptr, row_off, offs + c * BLOCK_V, offs < V,
+                                    item, total, pid, nprog, per_row, nchunks, layout, BLOCK_V, STAGES, RING, False)
+                    item += 1
+                    dz = gl.where(offs == y - c * BLOCK_V, tval, gl.exp2((x - m) * LOG2E - lgl) * a + b)
+                    gl.store(out_row + c * BLOCK_V + offs, dz.to(out_ptr.dtype.element_ty),
+                             eviction_policy="evict_first")
+                cols = offs + last * BLOCK_V
+                x = _next_chunk(desc, ring, ready, empty, src_ptr, row_off, cols, cols < V, item, total, pid,
+                                nprog, per_row, nchunks, layout, BLOCK_V, STAGES, RING, True)
+                item += 1
+                dz = gl.where(cols == y, tval, gl.exp2((x - m) * LOG2E - lgl) * a + b)
+                gl.store(out_row + cols, dz.to(out_ptr.dtype.element_ty), mask=cols < V,
+                         eviction_policy="evict_first")
 
-    if USE_TMA:
+
+@gluon.jit
+def xent_rows_kernel(
+        desc, src_ptr, ls, out_ptr, ds, tgt_ptr, ts, ignore_index, N, V,
+        stats_ptr, loss_ptr, inv_ptr, g_ptr, gs, eps, lam,
+        MODE: gl.constexpr, SKIP_IF_ONE: gl.constexpr, RING: gl.constexpr, SMOOTH: gl.constexpr,
+        BLOCK_V: gl.constexpr, STAGES: gl.constexpr, VEC: gl.constexpr):
+    WARPS: gl.constexpr = gl.num_warps()
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    nchunks = gl.cdiv(V, BLOCK_V)
+    PASSES: gl.constexpr = 2 if MODE == 1 else 1
+    per_row = nchunks * PASSES
+    my_rows = gl.cdiv(N - pid, nprog)
+    if SKIP_IF_ONE:
+        # loss.backward(): the forward's dlogits are already right
+        my_rows = gl.where(gl.load(g_ptr) == 1.0, 0, my_rows)
+    total = my_rows * per_row
+    if RING == 0:
+        _rows(desc, 0, 0, 0, src_ptr, ls, out_ptr, ds, tgt_ptr, ts, ignore_index, V, stats_ptr, loss_ptr,
+              inv_ptr, g_ptr, gs, eps, lam, pid, nprog, nchunks, per_row, my_rows, total,
+              MODE, RING, SMOOTH, BLOCK_V, STAGES, VEC, WARPS)
+    else:
+        ring = gl.allocate_shared_memory(desc.dtype, [STAGES, 1, BLOCK_V], desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(STAGES):
-            mbarrier.invalidate(bars.index(s))
+            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(empty.index(s), count=1)
+        if RING == 1:
+            for s in gl.static_range(STAGES):
+                _issue(desc, ring, ready, s, total, pid, nprog, per_row, nchunks, BLOCK_V, STAGES)
+            _rows(desc, ring, ready, empty, src_ptr, ls, out_ptr, ds, tgt_ptr, ts, ignore_index, V, stats_ptr,
+                  loss_ptr, inv_ptr, g_ptr, gs, eps, lam, pid, nprog, nchunks, per_row, my_rows, total,
+                  MODE, RING, SMOOTH, BLOCK_V, STAGES, VEC, WARPS)
+        else:
+            gl.warp_specialize([
+                (_rows, (desc, ring, ready, empty, src_ptr, ls, out_ptr, ds, tgt_ptr, ts, ignore_index, V,
+                         stats_ptr, loss_ptr, inv_ptr, g_ptr, gs, eps, lam, pid, nprog, nchunks, per_row, my_rows,
+                         total, MODE, RING, SMOOTH, BLOCK_V, STAGES, VEC, WARPS)),
+                (_producer, (desc, ring, ready, empty, total, pid, nprog, per_row, nchunks, BLOCK_V, STAGES)),
+            ], [1], [40])
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(s))
+            mbarrier.invalidate(empty.index(s))

@@ -25,8 +25,8 @@ REDUCTIONS = ("none", "mean", "sum")
 # STAGES slots in flight, warps per program, programs per SM. One program per SM keeps the rows being
 # re-read (two per SM: the one read and the one written) inside L2 at V = 128256.
 CONFIG = {
-    2: {"BLOCK_V": 4096, "STAGES": 8, "warps": 8, "per_sm": 1},
-    4: {"BLOCK_V": 2048, "STAGES": 8, "warps": 8, "per_sm": 1},
+    2: {"BLOCK_V": 4096, "STAGES": 4, "warps": 8, "per_sm": 2, "ring": 2},
+    4: {"BLOCK_V": 2048, "STAGES": 4, "warps": 8, "per_sm": 2, "ring": 2},
 }
 
 
@@ -57,8 +57,8 @@ def launch(mode: int, src: Tensor, out: Tensor | None, targets: Tensor, ignore_i
         return
     cfg = CONFIG[src.element_size()]
     block_v = max(16 // src.element_size() * 32 * cfg["warps"], min(cfg["BLOCK_V"], _pow2(V)))
-    use_tma = tma_ready(src)
-    desc = _descriptor(src, block_v) if use_tma else None
+    ring = cfg["ring"] if tma_ready(src) else 0
+    desc = _descriptor(src, block_v) if ring else None
     sms = torch.cuda.get_device_properties(src.device).multi_processor_count
     grid = (min(N, sms * cfg["per_sm"]),)
     dst = out if out is not None else src
@@ -66,7 +66,7 @@ def launch(mode: int, src: Tensor, out: Tensor | None, targets: Tensor, ignore_i
         xent_rows_kernel[grid](
             desc, src, src.stride(0), dst, dst.stride(0), targets, targets.stride(0), ignore_index, N, V,
             stats, row_loss, inv, g, gs, eps, lam,
-            MODE=mode, SKIP_IF_ONE=skip_if_one, USE_TMA=use_tma, SMOOTH=eps != 0.0, BLOCK_V=block_v,
+            MODE=mode, SKIP_IF_ONE=skip_if_one, RING=ring, SMOOTH=eps != 0.0, BLOCK_V=block_v,
             STAGES=cfg["STAGES"], VEC=16 // src.element_size(), num_warps=cfg["warps"])
 
 
