@@ -4,6 +4,7 @@ results in another rounding order pass it."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -22,10 +23,10 @@ BACKEND = next(b for b in backends("softmax_xent") if b.name == "torch")
 CASE = Case("local-N32-V8192", {"N": 32, "V": 8192}, ())
 
 
-def _figures(k: torch.Tensor, dtype: torch.dtype) -> ComponentFigures:
+def _figures(k: torch.Tensor, dtype: torch.dtype, backend=BACKEND) -> ComponentFigures:
     ref = oracle_and_floor(OP, CASE, dtype, 0, "cpu", False)
     got = {"outs": {"loss": ref["o_out"]["loss"].float()}, "grads": {"logits": k.to(dtype)}}
-    return next(f for f in measure_all(OP, BACKEND, CASE, ref, got) if f.name == "dlogits")
+    return next(f for f in measure_all(OP, backend, CASE, ref, got) if f.name == "dlogits")
 
 
 def _floor(dtype: torch.dtype) -> torch.Tensor:
@@ -78,6 +79,19 @@ def test_one_vocabulary_tile_off_passes_globally_and_fails_locally():
     v = verdict_of(fig)
     assert v.verdict == "FAIL" and v.kind == "local", v.reason
     assert "vocab 2048-3071" in v.reason
+
+
+def test_a_wide_declared_block_does_not_coarsen_the_tiles():
+    # a backend declaring BLOCK_V = 8192 (one slot per row here) is judged in the operator's 1024-wide tiles:
+    # in 8192-wide ones each row's tile holds its target column, whose -1/N hides every other entry, and
+    # off-target probabilities all 28% low (zero fill counted in the log-sum) passed
+    wide = dataclasses.replace(BACKEND, blocks={"BLOCK_V": 8192})
+    k = _floor(torch.bfloat16)
+    k = torch.where(_off_target(k), k * 0.72, k)
+    fig = _figures(k, torch.bfloat16, wide)
+    assert fig.local is not None and fig.local.block[-1] == 1024, fig.local
+    v = verdict_of(fig)
+    assert v.verdict == "FAIL" and v.kind in ("local", "bound"), v.reason
 
 
 def test_error_where_the_oracle_is_zero_throughout_a_tile_fails():
