@@ -10,12 +10,14 @@ from harness.cases.softmax_xent import C
 from harness import Expectation, Mutant, register_mutant
 
 SEED = "project: Gluon TMA ring (issue 45)"
-# 64 rows of 32000 bf16 logits: 8 ring slots per row, rows 16-byte aligned (TMA); 20% of targets ignored
+# 64 rows of 32000 bf16 logits: 4 ring slots per row (the last partial), rows 16-byte aligned (TMA); 20% of
+# targets ignored
 _RING = C("zoo-N64-V32000", 64, 32000, ignored=0.2)
 # the same rows padded by 8 columns: a row stride of 32008 elements, still 16-byte aligned, so TMA reads them
 _PADDED = C("zoo-N64-V32000-pad8", 64, 32000, ("non-contiguous",), ignored=0.2, layout="pad:8")
-# one partial last slot per row (V = 5000: 4096 + 904 columns), aligned rows
+# one partial slot per row (V = 5000 of 8192 columns), aligned rows; and rows of whole slots (4 x 8192)
 _TAIL = C("zoo-N16-V5000", 16, 5000, ignored=0.2)
+_WHOLE = C("zoo-N64-V32768", 64, 32768, ignored=0.2)
 
 # A barrier's phase off by one: each wait asks for the phase before the one the copy completes, which has
 # already completed, so it returns at once and the slot is read before (or while) its chunk lands. The
@@ -27,14 +29,16 @@ register_mutant(Mutant(
     expect=(Expectation(_RING, "bfloat16", status="FAIL|TIMEOUT"),),
     description="mbarrier wait on the wrong phase parity: ring slots read before their TMA copy lands"))
 
-# A ring slot handed back early: the consumers release the next slot instead of the one they read, so the
-# producer refills a slot whose chunk has not been read yet.
+# A ring slot reused before it is read: the producer warp does not wait for the consumers to release a slot,
+# so it refills slots with chunks further down the stream while earlier ones are unread, and the ready
+# barriers' phases run ahead of the consumers. (Released one chunk early, the race did not show: the
+# refill's copy lands after the consumers have read the slot; docs/kernels/gluon-softmax_xent.md.)
 register_mutant(Mutant(
-    id="gluon-xent-slot-released-early", operator="softmax_xent", backend="gluon", seed=SEED,
-    edits=(("kernels.py", "mbarrier.arrive(empty.index(slot), count=1)",
-            "mbarrier.arrive(empty.index((slot + 1) % STAGES), count=1)"),),
+    id="gluon-xent-slot-reused-early", operator="softmax_xent", backend="gluon", seed=SEED,
+    edits=(("kernels.py", "mbarrier.wait(empty.index(slot), ((item // STAGES) & 1) ^ 1)",
+            "mbarrier.wait(empty.index(slot), ((item // STAGES) & 1) ^ 1, pred=False)"),),
     expect=(Expectation(_RING, "bfloat16", status="FAIL|TIMEOUT"),),
-    description="the producer warp told a slot is free one chunk early: chunks overwritten before they are read"))
+    description="the producer warp refills ring slots without waiting for the consumers to release them"))
 
 # The descriptor built from the shape instead of the strides: right for contiguous rows, wrong for padded
 # ones (row r is read from r * V instead of r * (V + 8)).
@@ -53,5 +57,5 @@ register_mutant(Mutant(
     edits=(("kernels.py", "m_l, r_l, z_l = _lane_stats(x, m_l, r_l, z_l, cols < V, True, SMOOTH)",
             "m_l, r_l, z_l = _lane_stats(gl.where(cols < V, x, 0.0), m_l, r_l, z_l, offs < V, False, SMOOTH)"),),
     expect=(Expectation(_TAIL, "bfloat16", fail=("loss", "dlogits")),
-            Expectation(_RING, "bfloat16", passing=("loss", "dlogits"))),
+            Expectation(_WHOLE, "bfloat16", passing=("loss", "dlogits"))),
     description="the zero fill past V counted as logits in the row statistics when V is not a multiple of the slot"))

@@ -16,8 +16,8 @@ _INTS = {"ls": "i64", "ds": "i64", "ts": "i64", "ignore_index": "i64", "gs": "i6
 _ALIGNED = ("src_ptr", "out_ptr", "tgt_ptr", "stats_ptr", "loss_ptr", "inv_ptr", "g_ptr", "ls", "ds", "V")
 # (mode, skip_if_one): the forward without and with dlogits, the recomputing and the in-place backward
 _MODES = ((0, False), (1, False), (2, True), (3, True))
-# how the ring is fed (kernels.py): pointer loads, the consumers' own TMA loads, a producer warp
-_RINGS = {0: "ptr", 1: "tma", 2: "tma-ws"}
+# how the ring is fed (kernels.py): pointer loads, TMA loads issued by a producer warp
+_RINGS = {0: "ptr", 1: "tma"}
 
 
 def _descriptor_type(dtype: str, block_v: int) -> str:
@@ -55,4 +55,4 @@ def aot_targets() -> list[dict]:
     plain = [_target(dt, mode, skip, ring) for dt in ("bf16", "fp16", "fp32") for mode, skip in _MODES
              for ring in _RINGS]
     # label smoothing adds the per-lane sum of the logits to the statistics pass
-    return plain + [_target(dt, 1, False, 2, smooth=True) for dt in ("bf16", "fp32")]
+    return plain + [_target(dt, 1, False, 1, smooth=True) for dt in ("bf16", "fp32")]

@@ -22,13 +22,16 @@ With ``SKIP_IF_ONE`` (modes 2 and 3, scalar g) the program reads g on the device
 is exactly 1, so ``loss.backward()`` costs no pass and no host synchronisation.
 
 How the ring is fed (``RING``, a constexpr):
-  1  by the consumer warps themselves: after every warp has read a slot (a CTA barrier), one thread issues
-     the TMA load of the item STAGES ahead into it;
-  2  by a producer warp (``gl.warp_specialize``): it waits on the slot's "empty" barrier and issues the
-     load; the consumer warps wait on its "ready" barrier and arrive on "empty" when they have read it, so
-     they never stop for the copy engine's bookkeeping;
+  1  by a producer warp (``gl.warp_specialize``): it waits on a slot's "empty" barrier and issues the TMA
+     load; the consumer warps wait on its "ready" barrier and arrive on "empty" once they have read it;
   0  not at all: rows whose layout TMA cannot describe (a row stride that is not a multiple of 16 bytes,
      an unaligned base) are loaded from global memory directly, chunk by chunk.
+A single-partition ring (the consumers issuing the loads themselves, after a CTA barrier per slot) measured
+within 1% of the producer warp at its best configuration and was dropped (docs/kernels/gluon-softmax_xent.md).
+
+Float32 logits take exp with the product d * log2(e) carried in two parts (PRECISE): exp2 of the rounded
+product alone is off by |d| * 2^-24 relative, which the loss of a confident float32 row (a sum of such terms)
+showed against its bound.
 """
 
 from __future__ import annotations
@@ -38,10 +41,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 LOG2E = gl.constexpr(1.4426950408889634)
+# log2(e) - float32(log2(e)), and ln 2: the correction terms of _exp
+LOG2E_LO = gl.constexpr(1.925963001e-08)
+LN2 = gl.constexpr(0.6931471805599453)
 # triton 3.6 (the GPU hosts) names the TMA load async_copy_global_to_shared; 3.9 (CI) renamed it async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-# and its CTA-wide barrier thread_barrier; 3.9 calls it barrier
-_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
 @gluon.jit
@@ -68,20 +72,9 @@ def _coords(item, pid, nprog, per_row, nchunks, BLOCK_V: gl.constexpr):
 
 
 @gluon.jit
-def _issue(desc, ring, ready, item, total, pid, nprog, per_row, nchunks, BLOCK_V: gl.constexpr,
-           STAGES: gl.constexpr):
-    """Start the TMA load of stream item ``item`` (if it exists) into its ring slot."""
-    if item < total:
-        slot = item % STAGES
-        row, col = _coords(item, pid, nprog, per_row, nchunks, BLOCK_V)
-        mbarrier.expect(ready.index(slot), desc.block_type.nbytes)
-        _tma_load(desc, [row, col], ready.index(slot), ring.index(slot))
-
-
-@gluon.jit
 def _producer(desc, ring, ready, empty, total, pid, nprog, per_row, nchunks, BLOCK_V: gl.constexpr,
               STAGES: gl.constexpr):
-    """RING 2's producer warp: every stream item into its slot once the consumers have released it."""
+    """The producer warp: every stream item into its slot once the consumers have released it."""
     for item in range(total):
         slot = item % STAGES
         # a fresh barrier counts as released (parity 1), so the first lap does not wait
@@ -106,14 +99,9 @@ def _next_chunk(desc, ring, ready, empty, src_ptr, row_off, cols, valid, item, t
         slot = item % STAGES
         mbarrier.wait(ready.index(slot), (item // STAGES) & 1)
         x = ring.index(slot).load(layout)
-        if RING == 1:
-            # every warp has read the slot before the copy engine may overwrite it
-            _cta_barrier()
-            fence_async_shared()
-            _issue(desc, ring, ready, item + STAGES, total, pid, nprog, per_row, nchunks, BLOCK_V, STAGES)
-        else:
-            fence_async_shared()
-            mbarrier.arrive(empty.index(slot), count=1)
+        # the consumers' reads of the slot are done before the copy engine may overwrite it
+        fence_async_shared()
+        mbarrier.arrive(empty.index(slot), count=1)
     x = x.to(gl.float32)
     if MASKED:
         x = gl.where(valid, x, float("-inf"))
@@ -121,11 +109,32 @@ def _next_chunk(desc, ring, ready, empty, src_ptr, row_off, cols, valid, item, t
 
 
 @gluon.jit
-def _lane_stats(x, m_l, r_l, z_l, valid, MASKED: gl.constexpr, SMOOTH: gl.constexpr):
+def _exp(d, PRECISE: gl.constexpr):
+    """exp(d) as exp2(d * log2 e); PRECISE: the product's rounding error (an FMA) and log2 e's own carried
+    into a first-order correction, so the result is exp2's few ulps whatever |d|."""
+    hi = d * LOG2E
+    if PRECISE:
+        lo = gl.fma(d, LOG2E, -hi) + d * LOG2E_LO
+        return gl.exp2(hi) * (1.0 + lo * LN2)
+    else:
+        return gl.exp2(hi)
+
+
+@gluon.jit
+def _prob(x, m, lg, PRECISE: gl.constexpr):
+    """p = exp((x - m) - log1p(r)), x - m exact for close values."""
+    if PRECISE:
+        return _exp((x - m) - lg, True)
+    else:
+        return gl.exp2((x - m) * LOG2E - lg * LOG2E)
+
+
+@gluon.jit
+def _lane_stats(x, m_l, r_l, z_l, valid, MASKED: gl.constexpr, SMOOTH: gl.constexpr, PRECISE: gl.constexpr):
     """Per-lane online update of (max, sum without one maximal element, sum of logits): one exponential
     per element, no cross-lane work."""
     hi = gl.maximum(m_l, x)
-    e = gl.exp2((gl.minimum(m_l, x) - hi) * LOG2E)
+    e = _exp(gl.minimum(m_l, x) - hi, PRECISE)
     r_new = gl.where(x > m_l, (1.0 + r_l) * e, r_l + e)
     if MASKED:
         # a -inf column would make e NaN (-inf - -inf); it adds nothing
@@ -136,11 +145,11 @@ def _lane_stats(x, m_l, r_l, z_l, valid, MASKED: gl.constexpr, SMOOTH: gl.conste
 
 
 @gluon.jit
-def _row_stats(m_l, r_l):
+def _row_stats(m_l, r_l, PRECISE: gl.constexpr):
     """(m, r) of the row from its lanes: sum_j exp(z_j - m) = 1 + r, r without one maximal element."""
     m = gl.max(gl.max(m_l, axis=1), axis=0)
     top = m_l == m
-    rest = gl.where(top, r_l, (1.0 + r_l) * gl.exp2((m_l - m) * LOG2E))
+    rest = gl.where(top, r_l, (1.0 + r_l) * _exp(m_l - m, PRECISE))
     r = gl.sum(gl.sum(rest, axis=1), axis=0) + (gl.sum(gl.sum(top.to(gl.float32), axis=1), axis=0) - 1.0)
     return m, r
 
@@ -151,6 +160,7 @@ def _rows(desc, ring, ready, empty, src_ptr, ls, out_ptr, ds, tgt_ptr, ts, ignor
           MODE: gl.constexpr, RING: gl.constexpr, SMOOTH: gl.constexpr, BLOCK_V: gl.constexpr,
           STAGES: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr):
     """The consumer: this program's rows, each chunk taken from the stream in order."""
+    PRECISE: gl.constexpr = src_ptr.dtype.element_ty == gl.float32
     layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [1, WARPS], [1, 0])
     offs = gl.expand_dims(gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, layout)), 0)
     inv = gl.load(inv_ptr)
@@ -190,13 +200,13 @@ def _rows(desc, ring, ready, empty, src_ptr, ls, out_ptr, ds, tgt_ptr, ts, ignor
                     x = _next_chunk(desc, ring, ready, empty, src_ptr, row_off, offs + c * BLOCK_V, offs < V,
                                     item, total, pid, nprog, per_row, nchunks, layout, BLOCK_V, STAGES, RING, False)
                     item += 1
-                    m_l, r_l, z_l = _lane_stats(x, m_l, r_l, z_l, offs < V, False, SMOOTH)
+                    m_l, r_l, z_l = _lane_stats(x, m_l, r_l, z_l, offs < V, False, SMOOTH, PRECISE)
                 cols = offs + last * BLOCK_V
                 x = _next_chunk(desc, ring, ready, empty, src_ptr, row_off, cols, cols < V, item, total, pid,
                                 nprog, per_row, nchunks, layout, BLOCK_V, STAGES, RING, True)
                 item += 1
-                m_l, r_l, z_l = _lane_stats(x, m_l, r_l, z_l, cols < V, True, SMOOTH)
-                m, r = _row_stats(m_l, r_l)
+                m_l, r_l, z_l = _lane_stats(x, m_l, r_l, z_l, cols < V, True, SMOOTH, PRECISE)
+                m, r = _row_stats(m_l, r_l, PRECISE)
                 lg = _log1p(r)
                 lse = m + lg
                 # LSE - z_y as (m - z_y) + log1p(r): a confident row's loss keeps its digits
@@ -213,7 +223,6 @@ def _rows(desc, ring, ready, empty, src_ptr, ls, out_ptr, ds, tgt_ptr, ts, ignor
                 # dz = p * a + b off the target; 0 - ... keeps an ignored row's zeros positive
                 a = coef * scale
                 b = 0.0 - (eps / V) * scale
-                lgl = lg * LOG2E
                 # the target's value, p - (1 - eps) formed without cancellation
                 lpy = (zy - m) - lg
                 tval = (_expm1(lpy) + (coef - 1.0) * gl.exp(lpy) + eps - eps / V) * scale
@@ -221,14 +230,14 @@ def _rows(desc, ring, ready, empty, src_ptr, ls, out_ptr, ds, tgt_ptr, ts, ignor
                     x = _next_chunk(desc, ring, ready, empty, src_ptr, row_off, offs + c * BLOCK_V, offs < V,
                                     item, total, pid, nprog, per_row, nchunks, layout, BLOCK_V, STAGES, RING, False)
                     item += 1
-                    dz = gl.where(offs == y - c * BLOCK_V, tval, gl.exp2((x - m) * LOG2E - lgl) * a + b)
+                    dz = gl.where(offs == y - c * BLOCK_V, tval, _prob(x, m, lg, PRECISE) * a + b)
                     gl.store(out_row + c * BLOCK_V + offs, dz.to(out_ptr.dtype.element_ty),
                              eviction_policy="evict_first")
                 cols = offs + last * BLOCK_V
                 x = _next_chunk(desc, ring, ready, empty, src_ptr, row_off, cols, cols < V, item, total, pid,
                                 nprog, per_row, nchunks, layout, BLOCK_V, STAGES, RING, True)
                 item += 1
-                dz = gl.where(cols == y, tval, gl.exp2((x - m) * LOG2E - lgl) * a + b)
+                dz = gl.where(cols == y, tval, _prob(x, m, lg, PRECISE) * a + b)
                 gl.store(out_row + cols, dz.to(out_ptr.dtype.element_ty), mask=cols < V,
                          eviction_policy="evict_first")
 
@@ -261,19 +270,12 @@ def xent_rows_kernel(
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=1)
             mbarrier.init(empty.index(s), count=1)
-        if RING == 1:
-            for s in gl.static_range(STAGES):
-                _issue(desc, ring, ready, s, total, pid, nprog, per_row, nchunks, BLOCK_V, STAGES)
-            _rows(desc, ring, ready, empty, src_ptr, ls, out_ptr, ds, tgt_ptr, ts, ignore_index, V, stats_ptr,
-                  loss_ptr, inv_ptr, g_ptr, gs, eps, lam, pid, nprog, nchunks, per_row, my_rows, total,
-                  MODE, RING, SMOOTH, BLOCK_V, STAGES, VEC, WARPS)
-        else:
-            gl.warp_specialize([
-                (_rows, (desc, ring, ready, empty, src_ptr, ls, out_ptr, ds, tgt_ptr, ts, ignore_index, V,
-                         stats_ptr, loss_ptr, inv_ptr, g_ptr, gs, eps, lam, pid, nprog, nchunks, per_row, my_rows,
-                         total, MODE, RING, SMOOTH, BLOCK_V, STAGES, VEC, WARPS)),
-                (_producer, (desc, ring, ready, empty, total, pid, nprog, per_row, nchunks, BLOCK_V, STAGES)),
-            ], [1], [40])
+        gl.warp_specialize([
+            (_rows, (desc, ring, ready, empty, src_ptr, ls, out_ptr, ds, tgt_ptr, ts, ignore_index, V,
+                     stats_ptr, loss_ptr, inv_ptr, g_ptr, gs, eps, lam, pid, nprog, nchunks, per_row, my_rows,
+                     total, MODE, RING, SMOOTH, BLOCK_V, STAGES, VEC, WARPS)),
+            (_producer, (desc, ring, ready, empty, total, pid, nprog, per_row, nchunks, BLOCK_V, STAGES)),
+        ], [1], [40])
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
             mbarrier.invalidate(empty.index(s))
