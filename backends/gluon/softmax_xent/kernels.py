@@ -114,7 +114,8 @@ def _exp(d, PRECISE: gl.constexpr):
     into a first-order correction, so the result is exp2's few ulps whatever |d|."""
     hi = d * LOG2E
     if PRECISE:
-        lo = gl.fma(d, LOG2E, -hi) + d * LOG2E_LO
+        # d = -inf (a lane's first element, a masked column) gives exp2 = 0 and a NaN correction: drop it
+        lo = gl.where(hi > -160.0, gl.fma(d, LOG2E, -hi) + d * LOG2E_LO, 0.0)
         return gl.exp2(hi) * (1.0 + lo * LN2)
     else:
         return gl.exp2(hi)
