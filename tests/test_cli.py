@@ -270,7 +270,7 @@ def test_cuda_without_a_gpu_is_refused_not_a_green_run_of_skips():
 def test_a_misspelled_backend_among_several_operators_is_a_usage_error():
     r = harness("run", "--kernel", "xent", "--backend", "torch,trtion", "--device", "cpu")
     assert r.returncode == 2 and "--backend trtion" in r.stderr
-    assert "softmax_xent: cuda, cuda-inplace, torch" in r.stderr
+    assert "softmax_xent: cuda, cuda-inplace, gluon, gluon-inplace, torch" in r.stderr
 
 
 def test_a_named_backend_that_ran_no_cell_exits_3_with_the_reasons(tmp_path: Path):

@@ -109,8 +109,11 @@ def test_targets_of_a_backend_the_run_left_out_say_not_benched_not_no_figure():
     op = registry.get_operator("softmax_xent")
     rows = _committed_xent()["rows"]
     assert {r["backend"] for r in rows} >= {"torch", "cuda", "cuda-inplace"}
-    # every backend benched: every target has its figure (the committed report as it stands)
-    assert all(c["measured"] is not None and "absent" not in c for c in check_targets(op.perf_targets, rows, True))
+    # every backend benched: every target has its figure (the committed report as it stands; its run predates
+    # the Gluon backends, whose targets its rows cannot have)
+    benched = {r["backend"] for r in rows}
+    mine = tuple(t for t in op.perf_targets if t.backend in benched)
+    assert mine and all(c["measured"] is not None and "absent" not in c for c in check_targets(mine, rows, True))
     picked = [r for r in rows if r["backend"] in ("torch", "cuda")]
     checks = check_targets(op.perf_targets, picked, gpu=True)
     by = {(c["backend"], c["target"]): c for c in checks}
