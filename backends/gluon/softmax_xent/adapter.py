@@ -29,7 +29,7 @@ register_backend(Backend(
     blocks={"BLOCK_V": BLOCK_V}, sources=_SOURCES, deterministic=True, skip=hopper_only,
     description="Gluon (sm_90): one persistent program per SM streams its rows through a ring of 16 KB "
                 "slots that a producer warp fills by TMA, the statistics pass and the dlogits pass of a row "
-                "back to back (the second read from L2); dlogits for g=1 written in the forward, recomputed "
+                "back to back (the second read meant to hit L2); dlogits for g=1 written in the forward, recomputed "
                 "in the backward only when g != 1 (checked on the device); per-lane online (max, sum) with "
                 "one exponential per element; fixed-order reductions, no atomics"))
 

@@ -4,8 +4,9 @@ Each program owns the rows ``pid, pid + nprog, ...`` and walks one flat stream o
 chunks over them: every chunk of a row for the statistics, then (when a gradient is written) every chunk
 of the same row again for dlogits. The ring keeps ``STAGES`` chunks in flight along that stream, across
 the boundary between the two passes and between rows, so the copy engine never waits for a row's
-reduction. The second read of a row comes from L2 (a program holds one row at a time, and the dlogits
-stores are marked evict-first), so DRAM sees one read of the logits and one write of dlogits.
+reduction. The second read of a row is meant to hit L2 (a program holds one row at a time, and the dlogits
+stores are marked evict-first), so that DRAM sees one read of the logits and one write of dlogits; how much
+of it does is not measured yet (no ncu run).
 
 Numerics (the same as the CUDA backend's): float32 throughout. The statistics are kept per lane, as the
 pair (m, r) with ``sum_j exp(z_j - m) = 1 + r`` and ``r`` the sum without one maximal element, updated
@@ -27,7 +28,7 @@ How the ring is fed (``RING``, a constexpr):
   0  not at all: rows whose layout TMA cannot describe (a row stride that is not a multiple of 16 bytes,
      an unaligned base) are loaded from global memory directly, chunk by chunk.
 A single-partition ring (the consumers issuing the loads themselves, after a CTA barrier per slot) measured
-within 1% of the producer warp at its best configuration and was dropped (docs/kernels/gluon-softmax_xent.md).
+within 1.3% of the producer warp at its best configuration and was dropped (docs/kernels/gluon-softmax_xent.md).
 
 Float32 logits take exp with the product d * log2(e) carried in two parts (PRECISE): exp2 of the rounded
 product alone is off by |d| * 2^-24 relative, which the loss of a confident float32 row (a sum of such terms)
