@@ -21,9 +21,10 @@ Tensor = torch.Tensor
 REDUCTIONS = ("mean", "sum", "none")
 
 
-def check_arguments(z: Tensor, targets: Tensor, reduction: str, normalizer: float | None) -> None:
-    """The operator's own argument contract (docs/specs/softmax_xent.md), the same message wherever it is
-    broken: the references and the in-tree backends' wrappers call it."""
+def xent_from_logits(z: Tensor, targets: Tensor, *, ignore_index: int = -100, reduction: str = "mean",
+                     label_smoothing: float = 0.0, z_loss: float = 0.0,
+                     normalizer: float | None = None) -> tuple[Tensor, Tensor]:
+    """(loss, lse) from logits ``z [N, V]``; shared by both cross-entropy references."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction={reduction!r}: expected one of {', '.join(REDUCTIONS)}")
     if normalizer is not None and reduction != "mean":
@@ -31,13 +32,6 @@ def check_arguments(z: Tensor, targets: Tensor, reduction: str, normalizer: floa
     if z.dim() != 2 or targets.shape != z.shape[:1]:
         raise ValueError(f"expected logits [N, V] and targets [N], got {tuple(z.shape)} and "
                          f"{tuple(targets.shape)}")
-
-
-def xent_from_logits(z: Tensor, targets: Tensor, *, ignore_index: int = -100, reduction: str = "mean",
-                     label_smoothing: float = 0.0, z_loss: float = 0.0,
-                     normalizer: float | None = None) -> tuple[Tensor, Tensor]:
-    """(loss, lse) from logits ``z [N, V]``; shared by both cross-entropy references."""
-    check_arguments(z, targets, reduction, normalizer)
     V = z.shape[1]
     eps, lam = float(label_smoothing), float(z_loss)
     valid = targets != ignore_index

@@ -16,10 +16,10 @@ no host synchronisation.
 from __future__ import annotations
 
 import torch
-from harness.references.softmax_xent import check_arguments
 
 Tensor = torch.Tensor
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+REDUCTIONS = ("none", "mean", "sum")
 
 # Launch configuration per element size (bytes): BLOCK_V columns per ring slot (16 KB), STAGES slots,
 # consumer warps per program (plus the producer warp), programs per SM, and how the ring is fed (1: a
@@ -153,7 +153,13 @@ def softmax_xent_gluon_inplace(logits: Tensor, targets: Tensor, *, ignore_index:
 
 def _softmax_xent(logits: Tensor, targets: Tensor, ignore_index: int, reduction: str, label_smoothing: float,
                   z_loss: float, normalizer: float | None, inplace: bool) -> dict[str, Tensor]:
-    check_arguments(logits, targets, reduction, normalizer)
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r}: expected one of {', '.join(REDUCTIONS)}")
+    if normalizer is not None and reduction != "mean":
+        raise ValueError(f"normalizer={normalizer!r} only applies to reduction='mean', got {reduction!r}")
+    if logits.dim() != 2 or targets.shape != logits.shape[:1]:
+        raise ValueError(f"expected logits [N, V] and targets [N], got {tuple(logits.shape)} and "
+                         f"{tuple(targets.shape)}")
     if logits.dtype not in _DTYPES:
         raise TypeError(f"logits dtype {logits.dtype} is not float32, bfloat16 or float16")
     if logits.device.type != "cuda" or targets.device != logits.device:
