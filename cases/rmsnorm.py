@@ -75,7 +75,7 @@ def _size_tags(F: int, *more: str) -> tuple[str, ...]:
 
 
 def _cpu_sweep() -> list[Case]:
-    # interpreter blocks: BLOCK_F = 32, BLOCK_R = 8
+    # interpreter blocks: BLOCK_F = 32, BLOCK_R = 8; rows of up to 64 features take the one-read kernels
     grid = [(3, 1), (1, 7), (9, 7), (8, 32), (17, 32), (3, 33), (17, 100), (16, 64), (33, 130)]
     cases = [C(f"R{R}-F{F}", R, F, _size_tags(F)) for R, F in grid]
     res = [C(f"R{R}-F{F}-res", R, F, _size_tags(F, "residual"), residual=True)
@@ -98,9 +98,10 @@ def _cpu_sweep() -> list[Case]:
 
 
 def _gpu_sweep() -> list[Case]:
-    # GPU blocks: BLOCK_F = 512, BLOCK_R = 16
+    # GPU blocks: BLOCK_F = 512, BLOCK_R = 16; rows of up to 8192 features take the one-read kernels, wider
+    # ones (8193) the looped kernels
     grid = [(3, 1), (1, 7), (17, 511), (16, 512), (17, 513), (1000, 1500), (1000, 4096), (4096, 1024),
-            (33, 8192)]
+            (33, 8192), (17, 8193)]
     cases = [C(f"R{R}-F{F}", R, F, _size_tags(F)) for R, F in grid]
     res = [C(f"R{R}-F{F}-res", R, F, _size_tags(F, "residual"), residual=True)
            for R, F in ((17, 1), (17, 513), (1000, 1500))]
@@ -138,7 +139,9 @@ def full(device: str) -> list[Case]:
 
 def strategy(device: str):
     # biased to the block edges of both configurations (32/8 interpreted, 512/16 on a GPU)
-    F = st.one_of(st.sampled_from([1, 31, 32, 33, 64, 511, 512, 513]), st.integers(1, 300 if device == "cpu" else 5000))
+    # and the one-read kernels' limits (64 interpreted, 8192 on a GPU: backends/triton/rowplan.py)
+    F = st.one_of(st.sampled_from([1, 31, 32, 33, 64, 65, 511, 512, 513] + ([] if device == "cpu" else [8192, 8193])),
+                  st.integers(1, 300 if device == "cpu" else 5000))
     R = st.integers(1, 20 if device == "cpu" else 2000)
 
     def build(R: int, F: int, residual: bool, layout: str, scale: float) -> Case:

@@ -2,9 +2,11 @@
 classic bugs of a row-tiled norm kernel, planted in a copy of backends/triton/rmsnorm/. They run on the CPU
 under the interpreter (32-feature, 8-row blocks) and on a GPU (512 x 16).
 
-R33 spans five interpreter row tiles (four full, one of a single row) and three GPU ones; F130 spans five
-interpreter feature blocks (the last of 2 features) but one GPU block, so a mutant whose defect needs several
-feature blocks takes F1100 (35 interpreter blocks, three GPU ones, the last of 76 features).
+R33 spans five interpreter row tiles (four full, one of a single row) and three GPU ones (16 rows a tile, as
+the one-read kernels cut F130). F130 spans five interpreter feature blocks (the last of 2 features) but one
+GPU block, so a mutant planted in the looped kernels' feature loop takes F8500: past the one-read kernels'
+8192 features on a GPU, it is looped there in 17 blocks (the last of 308 features), and in 266 interpreter
+blocks (the last of 20).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from harness import Expectation, Mutant, register_mutant
 from harness.model.twins import twin
 
 CASE = C("R33-F130", 33, 130, ("size",))
-CASE_WIDE = C("R33-F1100", 33, 1100, ("size",))
+CASE_WIDE = C("R33-F8500", 33, 8500, ("size",))
 CASE_RES = C("R17-F100-res", 17, 100, ("residual",), residual=True)
 _PART = ("        part = tl.sum(dy * h * rstd[:, None], axis=0)\n"
          "        tl.store(part_ptr + pid * F + cols, part, mask=fmask)\n")
@@ -59,8 +61,8 @@ register_mutant(Mutant(
 register_mutant(Mutant(
     id="rmsnorm-residual-not-written", operator="rmsnorm", backend="triton", seed="issue 47: classic norm-kernel bugs",
     description="the fused residual add never stores residual_out (h = x + residual is only used for the norm)",
-    edits=(("kernels.py", "            tl.store(ro_ptr + rows[:, None] * sor + cols[None, :] * sof, "
-            "h.to(ro_ptr.dtype.element_ty), mask=mask)", "            pass"),),
+    edits=(("kernels.py", "        tl.store(ro_ptr + rows[:, None] * sor + cols[None, :] * sof, "
+            "h.to(ro_ptr.dtype.element_ty), mask=mask)", "        pass"),),
     expect=(Expectation(CASE_RES, "float32", fail=("residual_out",), passing=("y", "dx", "dresidual", "dw"),
                         where={"residual_out": {"row": "all", "feature": "all"}}),),
 ))
@@ -73,7 +75,7 @@ PLAIN = C("R17-F100", 17, 100, ("size",))
 register_mutant(Mutant(
     id="rmsnorm-dy-read-contiguous", operator="rmsnorm", backend="triton", seed="issue 44 (stride-0 gradients)",
     description="the upstream gradient addressed as a contiguous [R, F] tensor, whatever its strides",
-    edits=(("wrapper.py", "w.stride(0), *dy.stride(), *ds, *dx.stride(),", "w.stride(0), F, 1, *ds, *dx.stride(),"),),
+    edits=(("wrapper.py", "w.stride(0), *dy.stride(), *ds, *dx.stride())", "w.stride(0), F, 1, *ds, *dx.stride())"),),
     expect=(Expectation(twin(PLAIN, "expand"), "float32", fail=("dx", "dw"), passing=("y",), hint="layout"),
             Expectation(PLAIN, "float32", passing=("y", "dx", "dw"))),
 ))
@@ -85,9 +87,9 @@ register_mutant(Mutant(
 register_mutant(Mutant(
     id="rmsnorm-dy-assumed-aligned", operator="rmsnorm", backend="triton", seed="issue 44 (unaligned pointers)",
     description="the upstream gradient's data pointer rounded down to 16 bytes (a vector loop without its head)",
-    edits=(("wrapper.py", "        x, r, w, dy, d, rstd, dx, part, R, F,",
-            "        x, r, w, torch.as_strided(dy, dy.shape, dy.stride(), dy.storage_offset() // (16 // "
-            "dy.element_size()) * (16 // dy.element_size())), d, rstd, dx, part, R, F,"),),
+    edits=(("wrapper.py", "    ptrs = (x, r, w, dy, d, rstd, dx, part, R, F)",
+            "    ptrs = (x, r, w, torch.as_strided(dy, dy.shape, dy.stride(), dy.storage_offset() // (16 // "
+            "dy.element_size()) * (16 // dy.element_size())), d, rstd, dx, part, R, F)"),),
     expect=(Expectation(twin(PLAIN, "unaligned"), "float32", fail=("dx", "dw"), passing=("y",), hint="layout"),
             Expectation(twin(PLAIN, "offset"), "float32", passing=("y", "dx", "dw")),
             Expectation(PLAIN, "float32", passing=("y", "dx", "dw"))),

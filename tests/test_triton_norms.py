@@ -91,6 +91,15 @@ SCRIPT = textwrap.dedent("""
     a, b = W.backward(dy, None, x, None, w, rstd), W.backward(dy, None, x, None, w, rstd)
     out["deterministic"] = {"dx": "ok" if torch.equal(a[0], b[0]) else "differ",
                             "dw": "ok" if torch.equal(a[1], b[1]) else "differ"}
+    # the one-read kernels' persistent backward: 25 rows in 13 two-row tiles over 3 programs, twice
+    x, w, dy = rnd((3 * BR + 1, 40)), rnd((40,)), rnd((3 * BR + 1, 40))
+    y, _, rstd = W.forward(x, None, w, 1e-6)
+    a, b = W.backward(dy, None, x, None, w, rstd), W.backward(dy, None, x, None, w, rstd)
+    out["deterministic-rows"] = {"dx": "ok" if torch.equal(a[0], b[0]) else "differ",
+                                 "dw": "ok" if torch.equal(a[1], b[1]) else "differ"}
+    # which kernel family each checked feature count took: both must have run
+    from harness.backends.triton import rowplan
+    out["families"] = sorted({rowplan.plan(F, W.CONFIG).rows_kernels for F in (1, BF, BF + 1, 3 * BF + 5, 40, 70)})
     registry.discover()
     out["blocks"] = registry.get_backend("rmsnorm", "triton").blocks
     out["cpu_config"] = {k: W.CPU_CONFIG[k] for k in ("BLOCK_R", "BLOCK_F")}
@@ -146,6 +155,10 @@ SCRIPT = textwrap.dedent("""
     y, mean, rstd = LW.forward(x, w, b, 1e-5)
     a, c = LW.backward(dy, x, w, b, mean, rstd), LW.backward(dy, x, w, b, mean, rstd)
     ln["deterministic"] = {n: "ok" if torch.equal(u, v) else "differ" for n, u, v in zip(("dx", "dw", "db"), a, c)}
+    x, w, b, dy = rnd((3 * BR + 1, 40)), rnd((40,)), rnd((40,)), rnd((3 * BR + 1, 40))
+    y, mean, rstd = LW.forward(x, w, b, 1e-5)
+    a, c = LW.backward(dy, x, w, b, mean, rstd), LW.backward(dy, x, w, b, mean, rstd)
+    ln["deterministic-rows"] = {n: "ok" if torch.equal(u, v) else "differ" for n, u, v in zip(("dx", "dw", "db"), a, c)}
     out["layernorm"] = ln
     out["ln_blocks"] = registry.get_backend("layernorm", "triton").blocks
     out["ln_cpu_config"] = {k: LW.CPU_CONFIG[k] for k in ("BLOCK_R", "BLOCK_F")}
@@ -163,11 +176,14 @@ def results() -> dict:
 
 
 def test_rmsnorm_edges_match_float64(results: dict):
-    skip = ("blocks", "cpu_config", "gpu_config", "layernorm", "ln_blocks", "ln_cpu_config", "ln_gpu_config")
+    skip = ("blocks", "cpu_config", "gpu_config", "layernorm", "ln_blocks", "ln_cpu_config", "ln_gpu_config",
+            "families")
     bad = {name: row for name, row in results.items()
            if name not in skip and any(v != "ok" for v in row.values())}
     assert not bad, json.dumps(bad, indent=1)
     assert any(k.endswith("-res") for k in results) and "views" in results and "fp16-large" in results
+    # the one-read kernels (F <= ROW_MAX) and the looped ones were both checked (layernorm shares the plan)
+    assert results["families"] == [False, True]
 
 
 def test_rmsnorm_declared_blocks_are_the_launched_tiles(results: dict):
@@ -181,7 +197,7 @@ def test_layernorm_edges_match_float64(results: dict):
     ln = results["layernorm"]
     bad = {name: row for name, row in ln.items() if any(v != "ok" for v in row.values())}
     assert not bad, json.dumps(bad, indent=1)
-    assert "offset" in ln and "views" in ln and "deterministic" in ln
+    assert "offset" in ln and "views" in ln and "deterministic" in ln and "deterministic-rows" in ln
 
 
 def test_layernorm_declared_blocks_are_the_launched_tiles(results: dict):

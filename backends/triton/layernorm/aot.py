@@ -7,6 +7,7 @@ JIT does for contiguous tensors at production sizes (F = 4096).
 
 from __future__ import annotations
 
+from harness.backends.triton import rowplan
 from harness.tools.triton_aot import rowwise_target
 
 from . import kernels as K
@@ -32,4 +33,12 @@ def aot_targets() -> list[dict]:
         out.append(bwd)
         out.append(_target(f"reduce-{dt}", K._reduce_kernel, dt, {"BLOCK_T": C["red_t"], "BLOCK_F": C["red_f"]},
                            C["red_warps"]))
+        # the one-read kernels at the production widths (F = 4096 and 8192: one row a tile, 16 warps)
+        for F in (4096, 8192):
+            p = rowplan.plan(F, C)
+            rows = {"BLOCK_R": p.block_r, "BLOCK_F": p.block_f}
+            out.append(_target(f"fwd-rows-F{F}-{dt}", K._fwd_rows_kernel, dt, dict(rows), p.warps))
+            bwd = _target(f"bwd-rows-F{F}-{dt}", K._bwd_rows_kernel, dt, dict(rows), p.warps)
+            bwd["options"]["enable_fp_fusion"] = False
+            out.append(bwd)
     return out

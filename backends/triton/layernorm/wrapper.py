@@ -7,6 +7,7 @@ import os
 import torch
 import triton
 
+from harness.backends.triton import rowplan
 from . import kernels as K
 
 Tensor = torch.Tensor
@@ -14,9 +15,13 @@ Tensor = torch.Tensor
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 # Under the interpreter the blocks are small so that CPU-sized cases span several of them (what exposes
-# block bugs); the adapter declares BLOCK_R / BLOCK_F (a test checks that they match).
-CPU_CONFIG = {"BLOCK_R": 8, "BLOCK_F": 32, "warps": 4, "red_t": 8, "red_f": 32, "red_warps": 4}
-GPU_CONFIG = {"BLOCK_R": 16, "BLOCK_F": 512, "warps": 8, "red_t": 32, "red_f": 64, "red_warps": 4}
+# block bugs); the adapter declares BLOCK_R / BLOCK_F (a test checks that they match). ROW_MAX and the row_*
+# keys plan the one-read kernels (backends/triton/rowplan.py); the interpreter's ROW_MAX sends CPU cases
+# of more than 64 features to the looped kernels, so both families run on a CPU.
+CPU_CONFIG = {"BLOCK_R": 8, "BLOCK_F": 32, "warps": 4, "red_t": 8, "red_f": 32, "red_warps": 4,
+              "ROW_MAX": 64, "row_elems": 128, "row_warps": 4, "elems_per_warp": 32, "programs": 3}
+GPU_CONFIG = {"BLOCK_R": 16, "BLOCK_F": 512, "warps": 8, "red_t": 32, "red_f": 64, "red_warps": 4,
+              "ROW_MAX": 8192, "row_elems": 4096, "row_warps": 16, "elems_per_warp": 256, "programs_per_sm": 2}
 CONFIG = dict(CPU_CONFIG if INTERPRET else GPU_CONFIG)
 
 
@@ -27,11 +32,12 @@ def forward(x: Tensor, w: Tensor, b: Tensor, eps: float) -> tuple[Tensor, Tensor
     y = torch.empty((R, F), dtype=x.dtype, device=dev)
     mean = torch.empty((R,), dtype=torch.float32, device=dev)
     rstd = torch.empty((R,), dtype=torch.float32, device=dev)
-    br = CONFIG["BLOCK_R"]
+    p = rowplan.plan(F, CONFIG)
     # one program per row tile: cdiv(R, BLOCK_R) < 2^31 for any R * F < 2^31 * BLOCK_R
-    K._fwd_kernel[(triton.cdiv(R, br),)](
+    kernel = K._fwd_rows_kernel if p.rows_kernels else K._fwd_kernel
+    kernel[(triton.cdiv(R, p.block_r),)](
         x, w, b, y, mean, rstd, R, F, eps, *x.stride(), w.stride(0), b.stride(0), *y.stride(),
-        BLOCK_R=br, BLOCK_F=CONFIG["BLOCK_F"], num_warps=CONFIG["warps"])
+        BLOCK_R=p.block_r, BLOCK_F=p.block_f, num_warps=p.warps)
     return y, mean, rstd
 
 
@@ -46,17 +52,24 @@ def backward(dy: Tensor, x: Tensor, w: Tensor, b: Tensor, mean: Tensor, rstd: Te
     """(dx, dw, db)."""
     R, F = x.shape
     dev = x.device
-    br = CONFIG["BLOCK_R"]
+    p = rowplan.plan(F, CONFIG)
+    br = p.block_r
     tiles = triton.cdiv(R, br)
+    # the one-read kernel is persistent (partials per program), the looped one a program per tile
+    progs = rowplan.programs(dev, tiles, CONFIG) if p.rows_kernels else tiles
     dx = torch.empty((R, F), dtype=x.dtype, device=dev)
-    pw = torch.empty((tiles, F), dtype=torch.float32, device=dev)
-    pb = torch.empty((tiles, F), dtype=torch.float32, device=dev)
+    pw = torch.empty((progs, F), dtype=torch.float32, device=dev)
+    pb = torch.empty((progs, F), dtype=torch.float32, device=dev)
+    ptrs = (x, w, dy, mean, rstd, dx, pw, pb, R, F)
+    strides = (*x.stride(), w.stride(0), *dy.stride(), *dx.stride())
     # no FMA contraction: mean(g) is a sum of rounded products g = dy * w, and dx's g - mean(g) must subtract
     # the same rounded g (fused into fma(dy, w, -mean g) it leaves the product's rounding: at one feature, where
     # the exact dx is 0, that failed on an H200, layernorm/triton/float32/R3-F1)
-    K._bwd_kernel[(tiles,)](
-        x, w, dy, mean, rstd, dx, pw, pb, R, F, *x.stride(), w.stride(0), *dy.stride(), *dx.stride(),
-        BLOCK_R=br, BLOCK_F=CONFIG["BLOCK_F"], num_warps=CONFIG["warps"], enable_fp_fusion=False)
+    consts = {"BLOCK_R": br, "BLOCK_F": p.block_f, "num_warps": p.warps, "enable_fp_fusion": False}
+    if p.rows_kernels:
+        K._bwd_rows_kernel[(progs,)](*ptrs, tiles, *strides, **consts)
+    else:
+        K._bwd_kernel[(progs,)](*ptrs, *strides, **consts)
     dw = torch.empty((F,), dtype=w.dtype, device=dev)
     db = torch.empty((F,), dtype=b.dtype, device=dev)
     _reduce(pw, dw)

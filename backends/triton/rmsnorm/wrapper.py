@@ -7,6 +7,7 @@ import os
 import torch
 import triton
 
+from harness.backends.triton import rowplan
 from . import kernels as K
 
 Tensor = torch.Tensor
@@ -14,9 +15,13 @@ Tensor = torch.Tensor
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 # Under the interpreter the blocks are small so that CPU-sized cases span several of them (what exposes
-# block bugs); the adapter declares BLOCK_R / BLOCK_F (a test checks that they match).
-CPU_CONFIG = {"BLOCK_R": 8, "BLOCK_F": 32, "warps": 4, "red_t": 8, "red_f": 32, "red_warps": 4}
-GPU_CONFIG = {"BLOCK_R": 16, "BLOCK_F": 512, "warps": 8, "red_t": 32, "red_f": 64, "red_warps": 4}
+# block bugs); the adapter declares BLOCK_R / BLOCK_F (a test checks that they match). ROW_MAX and the row_*
+# keys plan the one-read kernels (backends/triton/rowplan.py); the interpreter's ROW_MAX sends CPU cases
+# of more than 64 features to the looped kernels, so both families run on a CPU.
+CPU_CONFIG = {"BLOCK_R": 8, "BLOCK_F": 32, "warps": 4, "red_t": 8, "red_f": 32, "red_warps": 4,
+              "ROW_MAX": 64, "row_elems": 128, "row_warps": 4, "elems_per_warp": 32, "programs": 3}
+GPU_CONFIG = {"BLOCK_R": 16, "BLOCK_F": 512, "warps": 8, "red_t": 32, "red_f": 64, "red_warps": 4,
+              "ROW_MAX": 8192, "row_elems": 4096, "row_warps": 16, "elems_per_warp": 256, "programs_per_sm": 2}
 CONFIG = dict(CPU_CONFIG if INTERPRET else GPU_CONFIG)
 
 
@@ -29,11 +34,12 @@ def forward(x: Tensor, residual: Tensor | None, w: Tensor, eps: float) -> tuple[
     rstd = torch.empty((R,), dtype=torch.float32, device=dev)
     r, rs = (residual, residual.stride()) if residual is not None else (x, (0, 0))
     o, os_ = (ro, ro.stride()) if ro is not None else (y, (0, 0))
-    br = CONFIG["BLOCK_R"]
+    p = rowplan.plan(F, CONFIG)
     # one program per row tile: cdiv(R, BLOCK_R) < 2^31 for any R * F < 2^31 * BLOCK_R
-    K._fwd_kernel[(triton.cdiv(R, br),)](
+    kernel = K._fwd_rows_kernel if p.rows_kernels else K._fwd_kernel
+    kernel[(triton.cdiv(R, p.block_r),)](
         x, r, w, y, o, rstd, R, F, eps, *x.stride(), *rs, w.stride(0), *y.stride(), *os_,
-        HAS_RES=residual is not None, BLOCK_R=br, BLOCK_F=CONFIG["BLOCK_F"], num_warps=CONFIG["warps"])
+        HAS_RES=residual is not None, BLOCK_R=p.block_r, BLOCK_F=p.block_f, num_warps=p.warps)
     return y, ro, rstd
 
 
@@ -42,18 +48,25 @@ def backward(dy: Tensor, dro: Tensor | None, x: Tensor, residual: Tensor | None,
     """(dx, dw); with a residual, dx (= dh, d residual_out added) is also dresidual."""
     R, F = x.shape
     dev = x.device
-    br = CONFIG["BLOCK_R"]
+    p = rowplan.plan(F, CONFIG)
+    br = p.block_r
     tiles = triton.cdiv(R, br)
+    # the one-read kernel is persistent (a dw partial per program), the looped one a program per tile
+    progs = rowplan.programs(dev, tiles, CONFIG) if p.rows_kernels else tiles
     dx = torch.empty((R, F), dtype=x.dtype, device=dev)
-    part = torch.empty((tiles, F), dtype=torch.float32, device=dev)
+    part = torch.empty((progs, F), dtype=torch.float32, device=dev)
     r, rs = (residual, residual.stride()) if residual is not None else (x, (0, 0))
     d, ds = (dro, dro.stride()) if dro is not None else (dy, (0, 0))
-    K._bwd_kernel[(tiles,)](
-        x, r, w, dy, d, rstd, dx, part, R, F, *x.stride(), *rs, w.stride(0), *dy.stride(), *ds, *dx.stride(),
-        HAS_RES=residual is not None, BLOCK_R=br, BLOCK_F=CONFIG["BLOCK_F"], num_warps=CONFIG["warps"])
+    strides = (*x.stride(), *rs, w.stride(0), *dy.stride(), *ds, *dx.stride())
+    consts = {"HAS_RES": residual is not None, "BLOCK_R": br, "BLOCK_F": p.block_f, "num_warps": p.warps}
+    ptrs = (x, r, w, dy, d, rstd, dx, part, R, F)
+    if p.rows_kernels:
+        K._bwd_rows_kernel[(progs,)](*ptrs, tiles, *strides, **consts)
+    else:
+        K._bwd_kernel[(progs,)](*ptrs, *strides, **consts)
     dw = torch.empty((F,), dtype=w.dtype, device=dev)
     K._reduce_kernel[(triton.cdiv(F, CONFIG["red_f"]),)](
-        part, dw, tiles, F, dw.stride(0), BLOCK_T=CONFIG["red_t"], BLOCK_F=CONFIG["red_f"],
+        part, dw, progs, F, dw.stride(0), BLOCK_T=CONFIG["red_t"], BLOCK_F=CONFIG["red_f"],
         num_warps=CONFIG["red_warps"])
     return dx, dw
 

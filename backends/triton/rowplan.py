@@ -1,0 +1,47 @@
+"""How the Triton row-wise norms (rmsnorm, layernorm) cut a [R, F] tensor into launches, in one place.
+
+Rows of at most ``ROW_MAX`` features take the ``_rows`` kernels: one feature block of next_pow2(F) columns,
+so each tile of rows is read once and kept in registers, and a persistent backward (P programs, each
+keeping its weight-gradient partials in registers across its row tiles). Wider rows take the looped kernels
+(BLOCK_R rows, features in blocks of BLOCK_F, each tile read twice). Under the interpreter ``ROW_MAX`` is small
+so that CPU-sized cases exercise both families.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+import triton
+
+
+class RowPlan(NamedTuple):
+    rows_kernels: bool  # the one-read ``_rows`` kernels (F <= ROW_MAX), else the looped ones
+    block_r: int        # rows per tile
+    block_f: int        # features per block (all of them for the ``_rows`` kernels)
+    warps: int
+
+
+def plan(F: int, config: dict) -> RowPlan:
+    if F > config["ROW_MAX"]:
+        return RowPlan(False, config["BLOCK_R"], config["BLOCK_F"], config["warps"])
+    bf = triton.next_power_of_2(max(F, 1))
+    # about row_elems values per tile (rows of small F share a tile), at most BLOCK_R rows: the declared row
+    # tile, which the local rule cuts by, stays a multiple of this one
+    br = max(1, min(config["BLOCK_R"], config["row_elems"] // bf))
+    warps = max(1, min(config["row_warps"], br * bf // config["elems_per_warp"]))
+    return RowPlan(True, br, bf, warps)
+
+
+@functools.lru_cache(maxsize=None)
+def _sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def programs(device: torch.device, tiles: int, config: dict) -> int:
+    """The persistent backward's program count: a fixed number per SM (per device, so that the order of
+    the weight-gradient sums, and the bits, are the same every run on one GPU)."""
+    if device.type != "cuda":
+        return min(tiles, config["programs"])
+    return min(tiles, config["programs_per_sm"] * _sms(device.index if device.index is not None else torch.cuda.current_device()))
