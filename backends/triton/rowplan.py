@@ -23,14 +23,16 @@ class RowPlan(NamedTuple):
     warps: int
 
 
-def plan(F: int, config: dict) -> RowPlan:
+def plan(F: int, config: dict, backward: bool = False) -> RowPlan:
     if F > config["ROW_MAX"]:
         return RowPlan(False, config["BLOCK_R"], config["BLOCK_F"], config["warps"])
     bf = triton.next_power_of_2(max(F, 1))
     # about row_elems values per tile (rows of small F share a tile), at most BLOCK_R rows: the declared row
     # tile, which the local rule cuts by, stays a multiple of this one
     br = max(1, min(config["BLOCK_R"], config["row_elems"] // bf))
-    warps = max(1, min(config["row_warps"], br * bf // config["elems_per_warp"]))
+    # the backward holds more per value (h, dy, the partials): more warps, fewer values per thread
+    per_warp = config["bwd_elems_per_warp" if backward else "fwd_elems_per_warp"]
+    warps = max(1, min(config["row_warps"], br * bf // per_warp))
     return RowPlan(True, br, bf, warps)
 
 
@@ -39,9 +41,12 @@ def _sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def programs(device: torch.device, tiles: int, config: dict) -> int:
+def programs(device: torch.device, tiles: int, plan_warps: int, config: dict) -> int:
     """The persistent backward's program count: a fixed number per SM (per device, so that the order of
     the weight-gradient sums, and the bits, are the same every run on one GPU)."""
     if device.type != "cuda":
         return min(tiles, config["programs"])
-    return min(tiles, config["programs_per_sm"] * _sms(device.index if device.index is not None else torch.cuda.current_device()))
+    # as many programs as fit beside each other at warps_per_sm warps an SM: a second wave of a persistent
+    # grid would wait for the first
+    per_sm = max(1, config["warps_per_sm"] // plan_warps)
+    return min(tiles, per_sm * _sms(device.index if device.index is not None else torch.cuda.current_device()))

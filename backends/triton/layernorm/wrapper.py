@@ -19,9 +19,13 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # keys plan the one-read kernels (backends/triton/rowplan.py); the interpreter's ROW_MAX sends CPU cases
 # of more than 64 features to the looped kernels, so both families run on a CPU.
 CPU_CONFIG = {"BLOCK_R": 8, "BLOCK_F": 32, "warps": 4, "red_t": 8, "red_f": 32, "red_warps": 4,
-              "ROW_MAX": 64, "row_elems": 128, "row_warps": 4, "elems_per_warp": 32, "programs": 3}
+              "ROW_MAX": 64, "row_elems": 128, "row_warps": 4, "fwd_elems_per_warp": 32, "bwd_elems_per_warp": 32,
+              "programs": 3}
 GPU_CONFIG = {"BLOCK_R": 16, "BLOCK_F": 512, "warps": 8, "red_t": 32, "red_f": 64, "red_warps": 4,
-              "ROW_MAX": 8192, "row_elems": 4096, "row_warps": 16, "elems_per_warp": 256, "programs_per_sm": 2}
+              # timed on an H200 (R16384, bf16, docs/kernels/triton-rmsnorm.md): forward 4 warps at F4096 and
+              # 8 at F8192, backward 8 and 16, with 16 warps resident an SM
+              "ROW_MAX": 8192, "row_elems": 4096, "row_warps": 16, "fwd_elems_per_warp": 1024,
+              "bwd_elems_per_warp": 512, "warps_per_sm": 16}
 CONFIG = dict(CPU_CONFIG if INTERPRET else GPU_CONFIG)
 
 
@@ -52,11 +56,11 @@ def backward(dy: Tensor, x: Tensor, w: Tensor, b: Tensor, mean: Tensor, rstd: Te
     """(dx, dw, db)."""
     R, F = x.shape
     dev = x.device
-    p = rowplan.plan(F, CONFIG)
+    p = rowplan.plan(F, CONFIG, backward=True)
     br = p.block_r
     tiles = triton.cdiv(R, br)
     # the one-read kernel is persistent (partials per program), the looped one a program per tile
-    progs = rowplan.programs(dev, tiles, CONFIG) if p.rows_kernels else tiles
+    progs = rowplan.programs(dev, tiles, p.warps, CONFIG) if p.rows_kernels else tiles
     dx = torch.empty((R, F), dtype=x.dtype, device=dev)
     pw = torch.empty((progs, F), dtype=torch.float32, device=dev)
     pb = torch.empty((progs, F), dtype=torch.float32, device=dev)

@@ -33,12 +33,12 @@ def aot_targets() -> list[dict]:
             out.append(_target(f"bwd-{tag}", K._bwd_kernel, dt, {"HAS_RES": res} | blocks, C["warps"]))
         out.append(_target(f"reduce-{dt}", K._reduce_kernel, dt, {"BLOCK_T": C["red_t"], "BLOCK_F": C["red_f"]},
                            C["red_warps"]))
-        # the one-read kernels at the production widths (F = 4096 and 8192: one row a tile, 16 warps)
+        # the one-read kernels at the production widths (F = 4096 and 8192: one row a tile)
         for F in (4096, 8192):
-            p = rowplan.plan(F, C)
+            p, pb = rowplan.plan(F, C), rowplan.plan(F, C, backward=True)
             rows = {"BLOCK_R": p.block_r, "BLOCK_F": p.block_f}
             for res in (True, False):
                 tag = f"F{F}-{dt}{'-res' if res else ''}"
                 out.append(_target(f"fwd-rows-{tag}", K._fwd_rows_kernel, dt, {"HAS_RES": res} | rows, p.warps))
-                out.append(_target(f"bwd-rows-{tag}", K._bwd_rows_kernel, dt, {"HAS_RES": res} | rows, p.warps))
+                out.append(_target(f"bwd-rows-{tag}", K._bwd_rows_kernel, dt, {"HAS_RES": res} | rows, pb.warps))
     return out
