@@ -36,7 +36,7 @@ def plan(F: int, config: dict, backward: bool = False) -> RowPlan:
     return RowPlan(True, br, bf, warps)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 

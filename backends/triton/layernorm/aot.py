@@ -8,6 +8,7 @@ JIT does for contiguous tensors at production sizes (F = 4096).
 from __future__ import annotations
 
 from harness.backends.triton import rowplan
+
 from harness.tools.triton_aot import rowwise_target
 
 from . import kernels as K

@@ -6,8 +6,8 @@ import os
 
 import torch
 import triton
-
 from harness.backends.triton import rowplan
+
 from . import kernels as K
 
 Tensor = torch.Tensor
