@@ -28,8 +28,9 @@ CONFIG = dict(CPU_CONFIG if INTERPRET else GPU_CONFIG)
 ACTS = {"silu": K.ACT_SILU, "gelu": K.ACT_GELU, "gelu_tanh": K.ACT_GELU_TANH}
 
 
-def _grid(R: int, F: int) -> tuple[int, int]:
-    return (triton.cdiv(R, CONFIG["BLOCK_R"]), triton.cdiv(F, CONFIG["BLOCK_F"]))
+def _grid(R: int, F: int) -> tuple[int]:
+    # one axis (row tiles x feature blocks: no 65535 limit on the row tiles); kernels._tile unflattens it
+    return (triton.cdiv(R, CONFIG["BLOCK_R"]) * triton.cdiv(F, CONFIG["BLOCK_F"]),)
 
 
 def gated_forward(gate: Tensor, up: Tensor, act: int) -> Tensor:
