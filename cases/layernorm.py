@@ -165,7 +165,7 @@ def full(device: str) -> list[Case]:
 
 def strategy(device: str):
     # biased to the block edges of both configurations (32/8 interpreted, 512/16 on a GPU)
-    # and the one-read kernels' limits (64 interpreted, 8192 on a GPU: backends/triton/rowplan.py)
+    # and the one-read kernels' limits (64 interpreted, 8192 on a GPU: backends/triton/_rowplan.py)
     F = st.one_of(st.sampled_from([1, 31, 32, 33, 64, 65, 511, 512, 513] + ([] if device == "cpu" else [8192, 8193])),
                   st.integers(1, 300 if device == "cpu" else 5000))
     R = st.integers(1, 20 if device == "cpu" else 2000)

@@ -38,6 +38,7 @@ TEST_LAYERS: dict[str, Layer] = {
     "test_triton_aot": "compile",
     # the CLI, `python -c`, pytest, pip or git in subprocesses, and Ray clusters (up to 81 s a test)
     "test_liger": "e2e",  # not measured (new): two subprocesses, one short Liger run on the CPU
+    "test_discovery": "e2e",  # one subprocess: registering everything imports no kernel code (about 3 s)
     "test_check": "e2e",
     "test_cli": "e2e",
     "test_cli_errors": "e2e",

@@ -98,7 +98,7 @@ SCRIPT = textwrap.dedent("""
     out["deterministic-rows"] = {"dx": "ok" if torch.equal(a[0], b[0]) else "differ",
                                  "dw": "ok" if torch.equal(a[1], b[1]) else "differ"}
     # which kernel family each checked feature count took: both must have run
-    from harness.backends.triton import rowplan
+    from harness.backends.triton import _rowplan as rowplan
     out["families"] = sorted({rowplan.plan(F, W.CONFIG).rows_kernels for F in (1, BF, BF + 1, 3 * BF + 5, 40, 70)})
     registry.discover()
     out["blocks"] = registry.get_backend("rmsnorm", "triton").blocks

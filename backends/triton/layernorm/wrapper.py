@@ -6,7 +6,7 @@ import os
 
 import torch
 import triton
-from harness.backends.triton import rowplan
+from harness.backends.triton import _rowplan as rowplan
 
 from . import kernels as K
 
@@ -16,7 +16,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 # Under the interpreter the blocks are small so that CPU-sized cases span several of them (what exposes
 # block bugs); the adapter declares BLOCK_R / BLOCK_F (a test checks that they match). ROW_MAX and the row_*
-# keys plan the one-read kernels (backends/triton/rowplan.py); the interpreter's ROW_MAX sends CPU cases
+# keys plan the one-read kernels (backends/triton/_rowplan.py); the interpreter's ROW_MAX sends CPU cases
 # of more than 64 features to the looped kernels, so both families run on a CPU.
 CPU_CONFIG = {"BLOCK_R": 8, "BLOCK_F": 32, "warps": 4, "red_t": 8, "red_f": 32, "red_warps": 4,
               "ROW_MAX": 64, "row_elems": 128, "row_warps": 4, "fwd_elems_per_warp": 32, "bwd_elems_per_warp": 32,

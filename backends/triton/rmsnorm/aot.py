@@ -7,7 +7,7 @@ are specialized as the JIT does for contiguous tensors at production sizes (F = 
 
 from __future__ import annotations
 
-from harness.backends.triton import rowplan
+from harness.backends.triton import _rowplan as rowplan
 
 from harness.tools.triton_aot import rowwise_target
 
