@@ -36,6 +36,28 @@ def test_zoo_catches_every_mutant_that_runs_here(tmp_path: Path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_a_zoo_stopped_part_way_leaves_the_mutants_it_finished(tmp_path: Path):
+    # stopped (SIGTERM, as a call's time limit or `timeout` sends it) as soon as its first caught mutant is
+    # printed: the reports hold that mutant, and say how many were still running
+    p = subprocess.Popen([sys.executable, "-m", "harness", "mutants", "--kernel", "mhc_pre", "--device", "cpu",
+                          "--report", str(tmp_path), "--no-progress"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in p.stdout:  # the header, then a line per mutant as it is scored
+            lines.append(line)
+            if "CAUGHT" in line.split():  # a mutant whose cells ran (not a SKIP, scored at once)
+                p.terminate()
+                break
+        rest, _ = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode != 0, "".join(lines) + rest
+    out = json.loads((tmp_path / "cpu" / "mutants.json").read_text())
+    assert out["pending"] >= 1 and out["caught"] >= 1, out
+    assert "**Partial**" in (tmp_path / "cpu" / "mutants.md").read_text()
+
+
 def test_a_mutant_whose_edit_does_not_apply_is_an_error():
     from harness import Case, Expectation, Mutant
 

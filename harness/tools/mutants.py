@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,9 @@ def run_zoo(
 ) -> int:
     """Run each mutant and its unmutated control on the mutant's cases, score the catches, print the table
     and write ``mutants.md`` / ``mutants.json``; 0 when every counted mutant was caught, 1 if not, 2 for an
-    unknown mutant in ``only``."""
+    unknown mutant in ``only``. Each mutant is scored, printed and written to the reports as soon as its cells
+    are done, so a zoo stopped part way (a call's time limit, Ctrl-C) leaves the mutants it finished, with the
+    report saying how many were still running."""
     zoo = _counted_mutants(registry.resolve_kernels(kernels), only)
     if only:
         unknown = set(only) - {m.id for m in zoo}
@@ -97,21 +100,39 @@ def run_zoo(
                 file=sys.stderr,
             )
             return 2
-    rows, tasks, index = _plan_zoo(zoo, device)
+    errors, tasks, index = _plan_zoo(zoo, device)
     t0 = time.time()
-    results = _run_cells(tasks, index, timeout)
-    failed_to_plan = {r["mutant"] for r in rows}
-    rows += [_score(m, results) for m in zoo if m.id not in failed_to_plan]
-    ran = [r for r in rows if r["status"] in ("CAUGHT", "MISSED", "ERROR")]
-    caught = [r for r in rows if r["status"] == "CAUGHT"]
-    score = len(caught) / len(ran) if ran else 1.0
-    skipped = sum(r["status"] == "SKIP" for r in rows)
-    print("\n".join(_table(rows) + [
-        f"mutation score: {len(caught)}/{len(ran)} caught ({score:.0%}); "
-        f"{skipped} skipped (backend cannot run here); {time.time() - t0:.0f} s"
-    ]))
-    _write_reports(rows, len(caught), len(ran), score, skipped, device, report_dir)
-    return 0 if len(caught) == len(ran) else 1
+    failed_to_plan = {r["mutant"] for r in errors}
+    planned = [m for m in zoo if m.id not in failed_to_plan]
+    needs = {m.id: {k for k in index if k[0] == m.id} for m in planned}
+    scored: dict[str, dict[str, Any]] = {}
+    print("\n".join(_table(errors)), flush=True)
+
+    def score_finished(results: dict[tuple, CellRecord]) -> None:
+        fresh = [m for m in planned if m.id not in scored and needs[m.id] <= results.keys()]
+        if not fresh:
+            return
+        scored.update({m.id: _score(m, results) for m in fresh})
+        # written before it is printed: what the terminal shows is on disk when the run is stopped
+        _write_reports(errors + [scored[m.id] for m in planned if m.id in scored], device, report_dir,
+                       pending=len(planned) - len(scored))
+        print("\n".join(_table([scored[m.id] for m in fresh])[1:]), flush=True)
+
+    results = _run_cells(tasks, index, timeout, score_finished)
+    score_finished(results)  # mutants without a cell to wait for
+    rows = errors + [scored.get(m.id) or _score(m, results) for m in planned]
+    caught, ran, score, skipped = _tally(rows)
+    print(f"mutation score: {caught}/{ran} caught ({score:.0%}); {skipped} skipped (backend cannot run here); "
+          f"{time.time() - t0:.0f} s")
+    _write_reports(rows, device, report_dir)
+    return 0 if caught == ran else 1
+
+
+def _tally(rows: list[dict[str, Any]]) -> tuple[int, int, float, int]:
+    """(caught, ran, score, skipped) of scored rows: ERROR counts as run and not caught."""
+    ran = sum(r["status"] in ("CAUGHT", "MISSED", "ERROR") for r in rows)
+    caught = sum(r["status"] == "CAUGHT" for r in rows)
+    return caught, ran, caught / ran if ran else 1.0, sum(r["status"] == "SKIP" for r in rows)
 
 
 def _counted_mutants(ops: list[str], only: list[str] | None) -> list[Mutant]:
@@ -149,19 +170,23 @@ def _plan_zoo(zoo: list[Mutant], device: str) -> tuple[list[dict[str, Any]], lis
     return rows, tasks, index
 
 
-def _run_cells(tasks: list[Task], index: list[tuple], timeout: float) -> dict[tuple, CellRecord]:
+def _run_cells(tasks: list[Task], index: list[tuple], timeout: float,
+               on_filed: Callable[[dict[tuple, CellRecord]], None]) -> dict[tuple, CellRecord]:
     """Every task on a local pool of workers (a mutant that crashes or hangs costs its cell only), each cell
-    filed under the (mutant id, expectation index, backend) of its task."""
+    filed under the (mutant id, expectation index, backend) of its task as it finishes; ``on_filed`` sees the
+    results so far after each."""
     results: dict[tuple, CellRecord] = {}
     if not tasks:
         return results
-    done: list[CellRecord] = []
-    with LocalPool(registry.plugins_loaded(), timeout=timeout) as pool:
-        pool.run(tasks, done.append)
-    for c in done:
+
+    def file(c: CellRecord) -> None:
         for k, t in zip(index, tasks, strict=True):
             if t.backend == c.backend and t.case.name == c.case.name and t.dtype == c.dtype:
                 results[k] = c
+        on_filed(results)
+
+    with LocalPool(registry.plugins_loaded(), timeout=timeout) as pool:
+        pool.run(tasks, file)
     return results
 
 
@@ -229,9 +254,10 @@ def _expected(exp: Expectation | None) -> str:
             + (f" hint {exp.hint}" if exp.hint else ""))
 
 
-def _write_reports(rows: list[dict[str, Any]], caught: int, ran: int, score: float, skipped: int, device: str,
-                   report_dir: str) -> None:
-    """``mutants.md`` and ``mutants.json`` in the report folder of this device class."""
+def _write_reports(rows: list[dict[str, Any]], device: str, report_dir: str, pending: int = 0) -> None:
+    """``mutants.md`` and ``mutants.json`` in the report folder of this device class; ``pending``: mutants
+    still running when this was written (the reports of a zoo in progress, or of one stopped part way)."""
+    caught, ran, score, skipped = _tally(rows)
     prov = run_provenance(device)
     out = Path(report_dir) / device_class(device)
     md = [
@@ -241,6 +267,11 @@ def _write_reports(rows: list[dict[str, Any]], caught: int, ran: int, score: flo
         "",
         f"**Mutation score: {caught}/{ran} caught ({score:.0%})**; skipped here: {skipped}.",
         "",
+    ]
+    if pending:
+        md += [f"**Partial**: {pending} more mutant(s) were still running when this was written; a zoo "
+               "stopped part way leaves the ones it finished.", ""]
+    md += [
         "| mutant | seed | operator / backend | planted defect | case | expected | result | hints | shown |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -254,6 +285,6 @@ def _write_reports(rows: list[dict[str, Any]], caught: int, ran: int, score: flo
                 f"{c.get('shown') or '; '.join(c.get('problems', [])) or r.get('detail', '')} |"
             )
     atomic_write(out / "mutants.md", "\n".join(md) + "\n")
-    summary = {"provenance": prov, "score": score, "caught": caught, "ran": ran,
+    summary = {"provenance": prov, "score": score, "caught": caught, "ran": ran, "pending": pending,
                "rows": [{k: v for k, v in r.items() if k != "m"} for r in rows]}
     atomic_write(out / "mutants.json", json.dumps(summary, indent=1, default=str))
