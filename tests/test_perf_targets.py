@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness import PerfTarget
 from harness.tools.bench_report import render_bench
-from harness.tools.perf_targets import check_targets
+from harness.tools.perf_targets import check_targets, target_cells
 from harness.tools.status import write_status
 
 ROWS = [
@@ -149,3 +149,24 @@ def test_status_says_not_benched_for_a_target_whose_backend_the_committed_bench_
     text = write_status(tmp_path).read_text()
     assert "| softmax_xent | cuda-inplace | bench-N8192-V128256-backward |" in text
     assert "not benched: cuda-inplace not in this run" in text and "no figure" not in text
+
+
+def test_a_verdict_whose_calls_spread_across_the_bound_says_so():
+    # medians 0.95 ms against 1.0 ms: met; the calls' 20th-80th percentiles (0.6-1.1 against 0.9-1.2) give a ratio
+    # of 0.5 to 1.22, across the bound of 1: the report keeps the verdict and says another run may differ
+    rows = [{"backend": "ref", "case": "c", "dtype": "bfloat16", "fwd_ms": 0.5, "fwd_bwd_ms": 1.0,
+             "fwd_bwd_ms_spread": [0.9, 1.2]},
+            {"backend": "k", "case": "c", "dtype": "bfloat16", "fwd_ms": 0.5, "fwd_bwd_ms": 0.95,
+             "fwd_bwd_ms_spread": [0.6, 1.1]}]
+    noisy = check_targets((PerfTarget("k", "fwd_bwd_ms", 1.0, versus="ref"),), rows, gpu=True)[0]
+    assert noisy["met"] is True and noisy["undecided"] == [0.5, 1.222]
+    assert "across the bound" in target_cells(noisy)
+    # tight spreads on both sides of a clear margin: decided, and the cell says only met
+    tight = [dict(r, fwd_bwd_ms_spread=[r["fwd_bwd_ms"] * 0.99, r["fwd_bwd_ms"] * 1.01]) for r in rows]
+    clear = check_targets((PerfTarget("k", "fwd_bwd_ms", 1.0, versus="ref"),), tight, gpu=True)[0]
+    assert clear["met"] is True and "undecided" not in clear
+    assert target_cells(clear).endswith("✅ met")
+    # a figure the row gives no spread for (as memory figures have none) is judged as before
+    mem = check_targets((PerfTarget("k", "fwd_ms", 0.6),), rows, gpu=True)[0]
+    assert mem["met"] is True and "undecided" not in mem
+

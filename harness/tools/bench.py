@@ -214,8 +214,10 @@ def _print_targets(op: OperatorSpec, checks: list[dict]) -> bool:
         return False
     missed = [c for c in checks if c["met"] is False]
     absent = sum(bool(c.get("absent")) for c in checks)
+    undecided = sum(bool(c.get("undecided")) for c in checks)
     print(f"{op.name} targets: {sum(c['met'] is True for c in checks)} met, {len(missed)} missed"
           + (f", {absent} not benched (backend or dtype not in this run)" if absent else "")
+          + (f"; {undecided} of them within the calls' spread (another run may differ)" if undecided else "")
           + "".join(f"\n  missed: {c['backend']} {c['case']}: {c['target']} (measured {c['measured']:.3g})"
                     for c in missed))
     return bool(missed)

@@ -24,6 +24,23 @@ def _measured(t: PerfTarget, case: str, timed: list[dict[str, Any]]) -> float | 
     return value
 
 
+def _spread(t: PerfTarget, case: str, timed: list[dict[str, Any]]) -> tuple[float, float] | None:
+    """The range the target's metric takes between the 20th and 80th percentile calls: the backend's own
+    spread, or for a ratio the widest one the two spreads allow (its low calls over the other's high ones, and
+    the reverse); None where a figure has no spread (memory, bandwidth fractions)."""
+    mine = _timed_row(timed, t.backend, case, t.dtype)
+    lo_hi = mine.get(t.metric + "_spread") if mine else None
+    if not lo_hi:
+        return None
+    if not t.versus:
+        return float(lo_hi[0]), float(lo_hi[1])
+    theirs = _timed_row(timed, t.versus, case, t.dtype)
+    other = theirs.get(t.metric + "_spread") if theirs else None
+    if not other or min(other) <= 0:
+        return None
+    return float(lo_hi[0]) / float(other[1]), float(lo_hi[1]) / float(other[0])
+
+
 def check_targets(targets: tuple[PerfTarget, ...], rows: list[dict], gpu: bool) -> list[dict]:
     """Each target on each bench case it names: the measured value and whether it is met (None where the
     run has no figure for it). Targets describe the GPU bench shapes; a CPU run checks none.
@@ -44,6 +61,10 @@ def check_targets(targets: tuple[PerfTarget, ...], rows: list[dict], gpu: bool) 
             value = _measured(t, case, timed)
             check = {"backend": t.backend, "case": case, "dtype": t.dtype, "target": t.describe(),
                      "measured": value, "met": None if value is None else t.judge(value)}
+            spread = _spread(t, case, timed) if value is not None else None
+            if spread is not None and spread[0] <= t.bound <= spread[1]:
+                # the verdict is the medians'; the calls' spread crosses the bound, so another run may differ
+                check["undecided"] = [round(spread[0], 3), round(spread[1], 3)]
             absent = [b for b in (t.backend, t.versus) if b and (b, case, t.dtype) not in benched]
             if value is None and absent:
                 check["absent"] = absent
@@ -67,5 +88,8 @@ def target_cells(check: dict) -> str:
         mark = f"not benched: {' and '.join(check['absent'])} not in this run"
     else:
         mark = "no figure" if check["met"] is None else ("✅ met" if check["met"] else "❌ missed")
+    if check.get("undecided"):
+        lo, hi = check["undecided"]
+        mark += f" at the medians; the calls' 20th-80th percentiles give {lo:.3g}-{hi:.3g}, across the bound"
     value = "" if check["measured"] is None else format(check["measured"], ".3g")
     return f"{check['target']} | {value} | {mark}"
