@@ -15,6 +15,16 @@ from typing import NamedTuple
 import torch
 import triton
 
+# The one-read plan's settings, shared by rmsnorm and layernorm (their wrappers' CONFIG). Interpreted: rows of
+# up to 64 features take the one-read kernels, wider CPU cases the looped ones, so both families run on a CPU;
+# three programs, so that a persistent program takes several row tiles. On a GPU, timed on an H200 (R16384,
+# bf16, .ci/norm-tune, docs/kernels/triton-rmsnorm.md): forward 4 warps at F4096 and 8 at F8192, backward 8
+# and 16, with 16 warps resident an SM.
+CPU_ROWS = {"ROW_MAX": 64, "row_elems": 128, "row_warps": 4, "fwd_elems_per_warp": 32, "bwd_elems_per_warp": 32,
+            "programs": 3}
+GPU_ROWS = {"ROW_MAX": 8192, "row_elems": 4096, "row_warps": 16, "fwd_elems_per_warp": 1024,
+            "bwd_elems_per_warp": 512, "warps_per_sm": 16}
+
 
 class RowPlan(NamedTuple):
     rows_kernels: bool  # the one-read ``_rows`` kernels (F <= ROW_MAX), else the looped ones

@@ -15,17 +15,10 @@ Tensor = torch.Tensor
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 # Under the interpreter the blocks are small so that CPU-sized cases span several of them (what exposes
-# block bugs); the adapter declares BLOCK_R / BLOCK_F (a test checks that they match). ROW_MAX and the row_*
-# keys plan the one-read kernels (backends/triton/_rowplan.py); the interpreter's ROW_MAX sends CPU cases
-# of more than 64 features to the looped kernels, so both families run on a CPU.
-CPU_CONFIG = {"BLOCK_R": 8, "BLOCK_F": 32, "warps": 4, "red_t": 8, "red_f": 32, "red_warps": 4,
-              "ROW_MAX": 64, "row_elems": 128, "row_warps": 4, "fwd_elems_per_warp": 32, "bwd_elems_per_warp": 32,
-              "programs": 3}
-GPU_CONFIG = {"BLOCK_R": 16, "BLOCK_F": 512, "warps": 8, "red_t": 32, "red_f": 64, "red_warps": 4,
-              # timed on an H200 (R16384, bf16, docs/kernels/triton-rmsnorm.md): forward 4 warps at F4096 and
-              # 8 at F8192, backward 8 and 16, with 16 warps resident an SM
-              "ROW_MAX": 8192, "row_elems": 4096, "row_warps": 16, "fwd_elems_per_warp": 1024,
-              "bwd_elems_per_warp": 512, "warps_per_sm": 16}
+# block bugs); the adapter declares BLOCK_R / BLOCK_F (a test checks that they match). The one-read kernels'
+# plan (ROW_MAX, row_*) is rowplan's, shared with the other norm.
+CPU_CONFIG = {"BLOCK_R": 8, "BLOCK_F": 32, "warps": 4, "red_t": 8, "red_f": 32, "red_warps": 4, **rowplan.CPU_ROWS}
+GPU_CONFIG = {"BLOCK_R": 16, "BLOCK_F": 512, "warps": 8, "red_t": 32, "red_f": 64, "red_warps": 4, **rowplan.GPU_ROWS}
 CONFIG = dict(CPU_CONFIG if INTERPRET else GPU_CONFIG)
 
 
