@@ -1,8 +1,9 @@
 """Registering the in-tree operators and backends imports no kernel code: no triton, no TileLang, no kernel
 or wrapper module. The interpreter is chosen before Triton kernels are first decorated (`harness bench
 --device cpu` sets TRITON_INTERPRET in-process), and a module under backends/<impl>/ that is not an adapter
-must not be imported as one: backends/triton/rowplan.py was, imported triton, and every interpreted Triton
-bench then failed with "Cannot call @triton.jit'd outside of the scope of a kernel"."""
+must not be imported as one: the Triton norms' row plan was, before its name began with an underscore; it
+imported triton, and every interpreted Triton bench then failed with "Cannot call @triton.jit'd outside of
+the scope of a kernel"."""
 
 from __future__ import annotations
 
