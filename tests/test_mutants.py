@@ -36,12 +36,12 @@ def test_zoo_catches_every_mutant_that_runs_here(tmp_path: Path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_a_zoo_stopped_part_way_leaves_the_mutants_it_finished(tmp_path: Path):
+def test_a_zoo_stopped_part_way_leaves_the_mutants_it_finished_and_resumes(tmp_path: Path):
     # stopped (SIGTERM, as a call's time limit or `timeout` sends it) as soon as its first caught mutant is
-    # printed: the reports hold that mutant, and say how many were still running
-    p = subprocess.Popen([sys.executable, "-m", "harness", "mutants", "--kernel", "mhc_pre", "--device", "cpu",
-                          "--report", str(tmp_path), "--no-progress"], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+    # printed: the reports hold that mutant, and say how many were still running; --resume runs the others
+    zoo = [sys.executable, "-m", "harness", "mutants", "--kernel", "mhc_pre", "--device", "cpu", "--report",
+           str(tmp_path), "--no-progress"]
+    p = subprocess.Popen(zoo, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     try:
         for line in p.stdout:  # the header, then a line per mutant as it is scored
@@ -56,6 +56,15 @@ def test_a_zoo_stopped_part_way_leaves_the_mutants_it_finished(tmp_path: Path):
     out = json.loads((tmp_path / "cpu" / "mutants.json").read_text())
     assert out["pending"] >= 1 and out["caught"] >= 1, out
     assert "**Partial**" in (tmp_path / "cpu" / "mutants.md").read_text()
+    first = {r["mutant"] for r in out["rows"]}
+    r = subprocess.run(zoo + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"resumed: {len(first)} mutant(s)" in r.stdout
+    ran_again = {line.split()[0] for line in r.stdout.splitlines()[2:] if "CAUGHT" in line.split()}
+    assert not ran_again & first, f"resumed mutants were run again: {ran_again & first}"
+    done = json.loads((tmp_path / "cpu" / "mutants.json").read_text())
+    assert done["pending"] == 0 and first <= {r["mutant"] for r in done["rows"]}
+    assert done["caught"] == done["ran"] >= out["caught"] + len(ran_again)
 
 
 def test_a_mutant_whose_edit_does_not_apply_is_an_error():

@@ -112,6 +112,7 @@ def cmd_mutants(a: argparse.Namespace) -> int:
         a.timeout,
         only=as_list(a.only) or None,
         progress=not a.no_progress,
+        resume=a.resume,
     )
 
 

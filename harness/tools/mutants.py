@@ -84,12 +84,14 @@ def run_zoo(
     timeout: float,
     only: list[str] | None = None,
     progress: bool = True,
+    resume: bool = False,
 ) -> int:
     """Run each mutant and its unmutated control on the mutant's cases, score the catches, print the table
     and write ``mutants.md`` / ``mutants.json``; 0 when every counted mutant was caught, 1 if not, 2 for an
     unknown mutant in ``only``. Each mutant is scored, printed and written to the reports as soon as its cells
     are done, so a zoo stopped part way (a call's time limit, Ctrl-C) leaves the mutants it finished, with the
-    report saying how many were still running."""
+    report saying how many were still running; ``resume`` keeps the mutants that a run at this commit already
+    scored in that report and runs the others."""
     zoo = _counted_mutants(registry.resolve_kernels(kernels), only)
     if only:
         unknown = set(only) - {m.id for m in zoo}
@@ -100,32 +102,55 @@ def run_zoo(
                 file=sys.stderr,
             )
             return 2
-    errors, tasks, index = _plan_zoo(zoo, device)
+    done = _resumed(zoo, device, report_dir) if resume else {}  # mutant id -> its scored row
+    if resume:
+        print(f"resumed: {len(done)} mutant(s) already scored by a run at this commit; {len(zoo) - len(done)} to run")
+    errors, tasks, index = _plan_zoo([m for m in zoo if m.id not in done], device)
     t0 = time.time()
-    failed_to_plan = {r["mutant"] for r in errors}
-    planned = [m for m in zoo if m.id not in failed_to_plan]
-    needs = {m.id: {k for k in index if k[0] == m.id} for m in planned}
-    scored: dict[str, dict[str, Any]] = {}
+    done.update({r["mutant"]: r for r in errors})
+    to_score = [m for m in zoo if m.id not in done]
+    needs = {m.id: {k for k in index if k[0] == m.id} for m in to_score}
     print("\n".join(_table(errors)), flush=True)
 
+    def in_zoo_order() -> list[dict[str, Any]]:
+        return [done[m.id] for m in zoo if m.id in done]
+
     def score_finished(results: dict[tuple, CellRecord]) -> None:
-        fresh = [m for m in planned if m.id not in scored and needs[m.id] <= results.keys()]
+        fresh = [m for m in to_score if m.id not in done and needs[m.id] <= results.keys()]
         if not fresh:
             return
-        scored.update({m.id: _score(m, results) for m in fresh})
+        done.update({m.id: _score(m, results) for m in fresh})
         # written before it is printed: what the terminal shows is on disk when the run is stopped
-        _write_reports(errors + [scored[m.id] for m in planned if m.id in scored], device, report_dir,
-                       pending=len(planned) - len(scored))
-        print("\n".join(_table([scored[m.id] for m in fresh])[1:]), flush=True)
+        _write_reports(in_zoo_order(), device, report_dir, pending=len(zoo) - len(done))
+        print("\n".join(_table([done[m.id] for m in fresh])[1:]), flush=True)
 
     results = _run_cells(tasks, index, timeout, score_finished)
     score_finished(results)  # mutants without a cell to wait for
-    rows = errors + [scored.get(m.id) or _score(m, results) for m in planned]
+    done.update({m.id: _score(m, results) for m in to_score if m.id not in done})
+    rows = in_zoo_order()
     caught, ran, score, skipped = _tally(rows)
     print(f"mutation score: {caught}/{ran} caught ({score:.0%}); {skipped} skipped (backend cannot run here); "
           f"{time.time() - t0:.0f} s")
     _write_reports(rows, device, report_dir)
     return 0 if caught == ran else 1
+
+
+def _resumed(zoo: list[Mutant], device: str, report_dir: str) -> dict[str, dict[str, Any]]:
+    """The rows of this zoo's mutants that the report folder's mutants.json holds from a run at this commit
+    (a zoo stopped part way), by mutant id; {} from another commit."""
+    path = Path(report_dir) / device_class(device) / "mutants.json"
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(old, dict) or old.get("provenance", {}).get("commit") != run_provenance(device)["commit"]:
+        return {}
+    by_id = {m.id: m for m in zoo}
+    return {r["mutant"]: {**r, "m": by_id[r["mutant"]]} for r in old.get("rows", [])
+            if isinstance(r, dict) and r.get("mutant") in by_id and r.get("status") in SCORED}
+
+
+SCORED = ("CAUGHT", "MISSED", "SKIP", "ERROR")
 
 
 def _tally(rows: list[dict[str, Any]]) -> tuple[int, int, float, int]:
