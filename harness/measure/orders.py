@@ -8,9 +8,10 @@ reduction that order rounds several times more than torch's, and a component tha
 torch's order alone: correct kernels failed it at up to 5.6x (issue #44).
 
 :class:`TiledOrder` runs a float32 evaluation with every long reduction in that order: the reduced extent cut into
-blocks of ``block`` in order, each block reduced by torch, the block partials added one at a time to a float32
-running sum. Matrix products (``mm``, ``bmm``, ``addmm``, ``baddbmm``) are cut along K, sums and means along
-their reduced elements (flattened). Like :class:`harness.measure.tf32.TF32Matmuls` it is a
+blocks in order, each block reduced by torch, the block partials added one at a time to a float32 running sum.
+Matrix products (``mm``, ``bmm``, ``addmm``, ``baddbmm``) are cut along K into blocks of ``block`` (1: one K step
+at a time, a plain GEMM's accumulator), widened so that no product takes more than ``MAX_K_STEPS`` steps; sums
+and means along their reduced elements (flattened), in blocks of at least ``SUM_BLOCK_MIN``. Like :class:`harness.measure.tf32.TF32Matmuls` it is a
 ``TorchDispatchMode``, below autograd, so a backward's reductions (the sum that broadcasting's gradient is) are
 taken in that order too; under both modes, the TF32 mode entered first, each block's product has its operands
 reduced to TF32.
@@ -28,10 +29,19 @@ aten = torch.ops.aten
 # T=4097, D=4096; rms error against float64): cuBLAS at the whole shape 1.04e-6; at chunks of 512 rows, as the
 # chunked floor runs it (harness/measure/chunking.py), 4.1e-7, cuBLAS picking another kernel there; this order
 # with blocks of 32, 5.4e-7, and of 256, 2.7e-7. An order draw must round at least as much as a careful kernel
-# at the whole shape: 8 (the error grows as the root of the number of sequential steps: about twice 32's),
-# and 64, the K tile of a typical tiled kernel. The golden mhc_pre, cuBLAS at the whole shape, had failed
-# dalpha.res at 1.09x on the H200 against the chunked floor (seed 31, n4-D4096-T4097 bfloat16).
-ORDER_BLOCKS = (8, 64)
+# at the whole shape. The error of a running sum grows as the root of its number of steps, and a float32 GEMM
+# whose output tiles fill the GPU (no split-K) adds one product per K step: eager torch's dweight, cuBLAS over
+# 1,000 and 4,096 tokens (fused_linear_xent N1000-H256-V128256, N4096-H256-V32000), rounded 2.6-2.9x the rms of
+# a floor in blocks of 8 (sqrt(8) = 2.8) and failed its rms criterion at 1.04-1.46x on the H200 (seeds 7, 31).
+# So the first draw takes GEMMs one K step at a time (its sums in blocks of SUM_BLOCK_MIN: a kernel reduces a
+# block as a tree), the second in blocks of 64, the K tile of a typical tiled kernel.
+ORDER_BLOCKS = (1, 64)
+# Sums and means are cut in blocks of at least this: a kernel's reduction of a block is a tree, not a chain.
+SUM_BLOCK_MIN = 8
+# A product over a longer K takes blocks of ceil(K / MAX_K_STEPS): one step is two launches, and a K of 128,256
+# (a vocabulary) one step at a time would take a minute per draw. Where K is that long the output is small and a
+# library GEMM splits K (cuBLAS at K=16,384 above rounded as blocks of 8, 2,048 steps); 4,096 steps round more.
+MAX_K_STEPS = 4096
 
 
 def _running(parts: list[Tensor]) -> Tensor:
@@ -60,9 +70,13 @@ class TiledOrder(TorchDispatchMode):
 
 def _mm(block: int, a: Tensor, b: Tensor) -> Tensor | None:
     k = a.shape[-1]
-    if k <= block:
+    step = max(block, -(-k // MAX_K_STEPS))
+    if k <= step:
         return None
-    return _running([a[..., k0:k0 + block] @ b[..., k0:k0 + block, :] for k0 in range(0, k, block)])
+    acc = a[..., :step] @ b[..., :step, :]
+    for k0 in range(step, k, step):  # one partial at a time: K of them would not fit in memory at once
+        acc.add_(a[..., k0:k0 + step] @ b[..., k0:k0 + step, :])
+    return acc
 
 
 def _addmm(block: int, c: Tensor, a: Tensor, b: Tensor, *, beta: float = 1, alpha: float = 1) -> Tensor | None:
@@ -80,7 +94,7 @@ def _sum(block: int, x: Tensor, dim: list[int] | None = None, keepdim: bool = Fa
     dims = sorted(d % x.dim() for d in (dim if dim else range(x.dim())))
     kept = [d for d in range(x.dim()) if d not in dims]
     flat = x.permute(*kept, *dims).reshape(*[x.shape[d] for d in kept], -1)
-    n = flat.shape[-1]
+    n, block = flat.shape[-1], max(block, SUM_BLOCK_MIN)
     if n <= block:
         return None
     out = _running([flat[..., i:i + block].sum(-1) for i in range(0, n, block)])
