@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -216,7 +217,7 @@ def test_bench_on_cpu_uses_smoke_shapes_and_writes_the_report(tmp_path: Path):
     assert rows["triton"]["speedup_fwd_bwd"] > 0
 
 
-def test_resume_runs_only_the_cells_without_a_result_at_this_commit(tmp_path):
+def test_resume_runs_only_the_cells_without_a_result_from_this_code(tmp_path):
     import os
 
     rep = tmp_path / "rep"
@@ -241,10 +242,14 @@ def test_resume_runs_only_the_cells_without_a_result_at_this_commit(tmp_path):
     assert f"1 of {n} planned cells of the latest run have no result" in md.read_text()
     again = run("--resume")
     assert again.returncode == 0, again.stderr
-    assert f"--resume: {n - 1} of {n} cells already have a result at commit abc1234; running 1" in again.stdout
+    assert f"--resume: {n - 1} of {n} cells already have a result from this code (commit abc1234); running 1" \
+        in again.stdout
     assert "planned cells" not in md.read_text()  # the resumed run counts the results it reused
     assert "nothing to run" in run("--resume").stdout
-    other = run("--resume", commit="def5678")  # another commit reuses nothing
+    # another commit of the same code (docs, reports or tests changed) reuses every result; other code none
+    assert "nothing to run" in run("--resume", commit="def5678").stdout
+    jl.write_text(re.sub(r'"code": ?"', lambda m: m.group(0) + "0", jl.read_text()))  # as if other code ran them
+    other = run("--resume", commit="fed9876")
     assert f"0 of {n} cells already have a result" in other.stdout
     dirty = run("--resume", commit="abc1234+dirty")
     assert dirty.returncode == 2 and "clean" in dirty.stderr
@@ -323,3 +328,27 @@ def test_a_backend_that_writes_its_input_by_design_passes_and_is_benched(tmp_pat
     assert len(row["fwd_bwd_ms_spread"]) == 2 and "writes its inputs by design" in row["input_note"]
     md = (tmp_path / "cpu" / "bench-softmax_xent.md").read_text()
     assert "writes its inputs by design" in md
+
+
+def test_the_code_digest_follows_the_code_and_not_the_docs(tmp_path, monkeypatch):
+    # what --resume compares across commits (harness/store/provenance.py): a kernel's source changes it, a doc,
+    # report or test does not
+    from harness.store import provenance
+
+    for f, text in {"backends/x/kernel.cu": "k", "harness/a.py": "a", "docs/x.md": "d", "tests/t.py": "t",
+                    "reports/cpu/x.md": "r"}.items():
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text(text)
+    monkeypatch.setattr(provenance, "REPO_ROOT", tmp_path)
+
+    def digest() -> str:
+        provenance.code_digest.cache_clear()
+        return provenance.code_digest()
+
+    base = digest()
+    for f in ("docs/x.md", "tests/t.py", "reports/cpu/x.md"):
+        (tmp_path / f).write_text("changed")
+    assert digest() == base
+    (tmp_path / "backends/x/kernel.cu").write_text("k2")
+    assert digest() != base
+    provenance.code_digest.cache_clear()

@@ -73,7 +73,8 @@ def _run(sub: Subcommands) -> None:
                    help="seconds to search each failing (operator, backend, dtype)'s smallest failing case, shown "
                         "first in the report (default 60, or $HARNESS_SHRINK_SECONDS; 0: off)")
     r.add_argument("--resume", action="store_true",
-                   help="skip cells that already have a result from a run at this commit (a sweep cut short)")
+                   help="skip cells that already have a result from a run of this code: this commit, or "
+                        "another with the same harness, backends, references and cases (a sweep cut short)")
     _compare_options(r)
     r.set_defaults(fn=cmd_run)
 

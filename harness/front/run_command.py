@@ -87,9 +87,10 @@ def ray_pool(a: argparse.Namespace, req: RunRequest) -> RayExecutor | None:
 def resumed(session: RunSession) -> bool:
     """--resume: the plan without the cells that already have a result; False when none is left to run."""
     plan, header = session.plan, session.header
-    plan.tasks, header["resumes"] = resume(plan.tasks, session.report_dir, header["commit"])
+    plan.tasks, header["resumes"] = resume(plan.tasks, session.report_dir, header["commit"], header)
     if not plan.tasks:
-        print(f"--resume: every planned cell already has a result at commit {header['commit']}; nothing to run")
+        print(f"--resume: every planned cell already has a result from this code (commit {header['commit']}); "
+              "nothing to run")
         return False
     return True
 
@@ -194,8 +195,10 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
-def resume(tasks: list[Task], dir_: Path | None, commit: str) -> tuple[list[Task], list[str]]:
-    """The tasks without a result from a run at this commit in ``dir_``, and the ids of those runs."""
+def resume(tasks: list[Task], dir_: Path | None, commit: str,
+           header: dict[str, Any] | None = None) -> tuple[list[Task], list[str]]:
+    """The tasks without a result in ``dir_`` from a run at this commit or, given this run's ``header``, from a
+    run of the same code (provenance.code_digest), package versions and backend files; and those runs' ids."""
 
     if not commit or commit == "unknown" or commit.endswith("+dirty"):
         raise UsageError(f"--resume: the checkout is at {commit!r}; results can only be reused from a clean "
@@ -206,13 +209,25 @@ def resume(tasks: list[Task], dir_: Path | None, commit: str) -> tuple[list[Task
         cells, runs = reports.load(dir_, op)
         for c in cells:
             # a cell not run because its backend hung before is no result: a resumed run tries it
-            if runs.get(c.run_id or "", {}).get("commit") == commit and not HangGuard.is_stand_in(c):
+            if _same_code(runs.get(c.run_id or "", {}), commit, header, f"{c.operator}/{c.backend}") \
+                    and not HangGuard.is_stand_in(c):
                 done.add(c.id)
                 used.add(c.run_id or "")
     left = [t for t in tasks if t.id not in done]
-    print(f"--resume: {len(tasks) - len(left)} of {len(tasks)} cells already have a result at commit {commit}; "
-          f"running {len(left)}")
+    print(f"--resume: {len(tasks) - len(left)} of {len(tasks)} cells already have a result from this code "
+          f"(commit {commit}); running {len(left)}")
     return left, sorted(used)
+
+
+def _same_code(run: dict[str, Any], commit: str, header: dict[str, Any] | None, backend: str) -> bool:
+    """Did ``run`` measure with the code this run has: the same commit, or the same code digest, versions
+    and files of this backend (a commit that changed only docs, reports or tests in between)?"""
+    if run.get("commit") == commit:
+        return True
+    if header is None or not run.get("code") or run.get("code") != header.get("code"):
+        return False
+    return (run.get("versions") == header.get("versions")
+            and run.get("backends", {}).get(backend) == header.get("backends", {}).get(backend))
 
 
 def recorded_costs(root: str, device: str, dev_class: str, tasks: list[Task]) -> dict[str, dict]:

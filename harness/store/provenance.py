@@ -55,6 +55,25 @@ def git_commit() -> str:
         return "unknown"
 
 
+# The code a cell's figures and verdict come from: the harness, the in-tree backends (kernels included), the
+# references and the cases. Docs, reports, tests and CI scripts are not in it: a commit that changes only those
+# leaves a run's results reusable (--resume), which a lent GPU's short calls need across such commits.
+CODE_DIRS = ("harness", "backends", "references", "cases")
+CODE_SUFFIXES = frozenset({".py", ".cu", ".cuh", ".h", ".hpp", ".cpp"})
+
+
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """A digest of every source file under CODE_DIRS (its path and bytes), the same on a checkout and on a copy
+    of the tree without .git; a plugin's backend files are in the run header's ``backends`` instead."""
+    h = hashlib.sha256()
+    for d in CODE_DIRS:
+        for p in sorted((REPO_ROOT / d).rglob("*")):
+            if p.suffix in CODE_SUFFIXES and "__pycache__" not in p.parts and p.is_file():
+                h.update(p.relative_to(REPO_ROOT).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def _git(folder: str | os.PathLike, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, timeout=10)
 
@@ -169,6 +188,7 @@ def run_provenance(device: str, elsewhere: dict[str, Any] | None = None) -> dict
     there = elsewhere or {}
     return {
         "commit": git_commit(),
+        "code": code_digest(),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "device": there.get("device") or device_name(device),
         "device_class": there.get("device_class") or device_class(device),
