@@ -115,7 +115,7 @@ def _mutants(sub: Subcommands) -> None:
     m.add_argument("--only", default=None, help="comma-separated mutant ids")
     m.add_argument("--timeout", type=seconds, default=300.0, help="seconds per cell before TIMEOUT")
     m.add_argument("--resume", action="store_true",
-                   help="keep the mutants that a run at this commit already scored in the report folder (a zoo cut "
+                   help="keep the mutants that a run of this code already scored in the report folder (a zoo cut "
                         "short) and run the others")
     m.set_defaults(fn=cmd_mutants)
 

@@ -90,8 +90,9 @@ def run_zoo(
     and write ``mutants.md`` / ``mutants.json``; 0 when every counted mutant was caught, 1 if not, 2 for an
     unknown mutant in ``only``. Each mutant is scored, printed and written to the reports as soon as its cells
     are done, so a zoo stopped part way (a call's time limit, Ctrl-C) leaves the mutants it finished, with the
-    report saying how many were still running; ``resume`` keeps the mutants that a run at this commit already
-    scored in that report and runs the others."""
+    report saying how many were still running; ``resume`` keeps the mutants that a run of this code (this commit,
+    or the same code digest and versions: harness/store/provenance.py) already scored in that report and runs the
+    others."""
     zoo = _counted_mutants(registry.resolve_kernels(kernels), only)
     if only:
         unknown = set(only) - {m.id for m in zoo}
@@ -104,7 +105,7 @@ def run_zoo(
             return 2
     done = _resumed(zoo, device, report_dir) if resume else {}  # mutant id -> its scored row
     if resume:
-        print(f"resumed: {len(done)} mutant(s) already scored by a run at this commit; {len(zoo) - len(done)} to run")
+        print(f"resumed: {len(done)} mutant(s) already scored by a run of this code; {len(zoo) - len(done)} to run")
     errors, tasks, index = _plan_zoo([m for m in zoo if m.id not in done], device)
     t0 = time.time()
     done.update({r["mutant"]: r for r in errors})
@@ -136,14 +137,14 @@ def run_zoo(
 
 
 def _resumed(zoo: list[Mutant], device: str, report_dir: str) -> dict[str, dict[str, Any]]:
-    """The rows of this zoo's mutants that the report folder's mutants.json holds from a run at this commit
-    (a zoo stopped part way), by mutant id; {} from another commit."""
+    """The rows of this zoo's mutants that the report folder's mutants.json holds from a run of this code (a zoo
+    stopped part way), by mutant id; {} from other code."""
     path = Path(report_dir) / device_class(device) / "mutants.json"
     try:
         old = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(old, dict) or old.get("provenance", {}).get("commit") != run_provenance(device)["commit"]:
+    if not isinstance(old, dict) or not _same_code(old.get("provenance", {}), run_provenance(device)):
         return {}
     by_id = {m.id: m for m in zoo}
     return {r["mutant"]: {**r, "m": by_id[r["mutant"]]} for r in old.get("rows", [])
@@ -151,6 +152,12 @@ def _resumed(zoo: list[Mutant], device: str, report_dir: str) -> dict[str, dict[
 
 
 SCORED = ("CAUGHT", "MISSED", "SKIP", "ERROR")
+
+
+def _same_code(then: dict[str, Any], now: dict[str, Any]) -> bool:
+    """The same commit, or the same code digest and package versions (a commit of docs or reports between)."""
+    return then.get("commit") == now["commit"] or (
+        bool(then.get("code")) and then.get("code") == now.get("code") and then.get("versions") == now["versions"])
 
 
 def _tally(rows: list[dict[str, Any]]) -> tuple[int, int, float, int]:
