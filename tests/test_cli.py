@@ -332,13 +332,14 @@ def test_a_backend_that_writes_its_input_by_design_passes_and_is_benched(tmp_pat
 
 def test_the_code_digest_follows_the_code_and_not_the_docs(tmp_path, monkeypatch):
     # what --resume compares across commits (harness/store/provenance.py): a kernel's source changes it, a doc,
-    # report or test does not
+    # report or test does not (a made-up tree: its paths are joined from parts)
     from harness.store import provenance
 
-    for f, text in {"backends/x/kernel.cu": "k", "harness/a.py": "a", "docs/x.md": "d", "tests/t.py": "t",
-                    "reports/cpu/x.md": "r"}.items():
+    kernel, code = Path("backends", "x", "kernel.cu"), Path("harness", "a.py")
+    others = [Path("docs", "x.md"), Path("tests", "t.py"), Path("reports", "cpu", "x.md")]
+    for f in (kernel, code, *others):
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / f).write_text(text)
+        (tmp_path / f).write_text(f.name)
     monkeypatch.setattr(provenance, "REPO_ROOT", tmp_path)
 
     def digest() -> str:
@@ -346,9 +347,9 @@ def test_the_code_digest_follows_the_code_and_not_the_docs(tmp_path, monkeypatch
         return provenance.code_digest()
 
     base = digest()
-    for f in ("docs/x.md", "tests/t.py", "reports/cpu/x.md"):
+    for f in others:
         (tmp_path / f).write_text("changed")
     assert digest() == base
-    (tmp_path / "backends/x/kernel.cu").write_text("k2")
+    (tmp_path / kernel).write_text("changed")
     assert digest() != base
     provenance.code_digest.cache_clear()
