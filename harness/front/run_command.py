@@ -29,6 +29,7 @@ from ..run.plan import Task, plan
 from ..run.ray_executor import RayExecutor
 from ..run.session import RunRequest, RunSession, load_plugins
 from ..store import reports
+from ..store.provenance import same_code
 from ..store.reports import ensure_harness_dir
 from .commands import operators_of
 from .minimal import shrink_failures
@@ -209,7 +210,7 @@ def resume(tasks: list[Task], dir_: Path | None, commit: str,
         cells, runs = reports.load(dir_, op)
         for c in cells:
             # a cell not run because its backend hung before is no result: a resumed run tries it
-            if _same_code(runs.get(c.run_id or "", {}), commit, header, f"{c.operator}/{c.backend}") \
+            if _reusable(runs.get(c.run_id or "", {}), header or {"commit": commit}, f"{c.operator}/{c.backend}") \
                     and not HangGuard.is_stand_in(c):
                 done.add(c.id)
                 used.add(c.run_id or "")
@@ -219,15 +220,12 @@ def resume(tasks: list[Task], dir_: Path | None, commit: str,
     return left, sorted(used)
 
 
-def _same_code(run: dict[str, Any], commit: str, header: dict[str, Any] | None, backend: str) -> bool:
-    """Did ``run`` measure with the code this run has: the same commit, or the same code digest, versions
-    and files of this backend (a commit that changed only docs, reports or tests in between)?"""
-    if run.get("commit") == commit:
+def _reusable(run: dict[str, Any], now: dict[str, Any], backend: str) -> bool:
+    """Did ``run`` measure this backend's cells with the code of this run (``now``, its header): the same commit,
+    or the same code (provenance.same_code) and the same files of this backend (a plugin's are not in the digest)?"""
+    if run.get("commit") == now.get("commit"):
         return True
-    if header is None or not run.get("code") or run.get("code") != header.get("code"):
-        return False
-    return (run.get("versions") == header.get("versions")
-            and run.get("backends", {}).get(backend) == header.get("backends", {}).get(backend))
+    return same_code(run, now) and run.get("backends", {}).get(backend) == now.get("backends", {}).get(backend)
 
 
 def recorded_costs(root: str, device: str, dev_class: str, tasks: list[Task]) -> dict[str, dict]:

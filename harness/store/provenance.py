@@ -74,6 +74,16 @@ def code_digest() -> str:
     return h.hexdigest()[:16]
 
 
+def same_code(then: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Did the run ``then`` (a run header, a zoo's provenance) measure with the code ``now`` has: the same commit,
+    or the same code digest and package versions (a commit of docs, reports or tests between)? What --resume
+    reuses, in harness run and harness mutants."""
+    if then.get("commit") == now.get("commit"):
+        return True
+    return (bool(then.get("code")) and then.get("code") == now.get("code")
+            and then.get("versions") == now.get("versions"))
+
+
 def _git(folder: str | os.PathLike, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, timeout=10)
 

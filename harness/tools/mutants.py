@@ -19,7 +19,7 @@ from ..model.records import CellRecord
 from ..model.spec import Expectation, Mutant
 from ..run.plan import Task, plan
 from ..run.pool import LocalPool
-from ..store.provenance import device_class, run_provenance
+from ..store.provenance import device_class, run_provenance, same_code
 from ..store.reports import atomic_write
 
 
@@ -144,7 +144,7 @@ def _resumed(zoo: list[Mutant], device: str, report_dir: str) -> dict[str, dict[
         old = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(old, dict) or not _same_code(old.get("provenance", {}), run_provenance(device)):
+    if not isinstance(old, dict) or not same_code(old.get("provenance", {}), run_provenance(device)):
         return {}
     by_id = {m.id: m for m in zoo}
     return {r["mutant"]: {**r, "m": by_id[r["mutant"]]} for r in old.get("rows", [])
@@ -153,11 +153,6 @@ def _resumed(zoo: list[Mutant], device: str, report_dir: str) -> dict[str, dict[
 
 SCORED = ("CAUGHT", "MISSED", "SKIP", "ERROR")
 
-
-def _same_code(then: dict[str, Any], now: dict[str, Any]) -> bool:
-    """The same commit, or the same code digest and package versions (a commit of docs or reports between)."""
-    return then.get("commit") == now["commit"] or (
-        bool(then.get("code")) and then.get("code") == now.get("code") and then.get("versions") == now["versions"])
 
 
 def _tally(rows: list[dict[str, Any]]) -> tuple[int, int, float, int]:
