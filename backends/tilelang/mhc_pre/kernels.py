@@ -184,7 +184,8 @@ def fwd_kernel(n: int, D: int, dtype: str, norm_eps: float, hc_eps: float, post_
                 alpha: T.Tensor((3,), F32), bias: T.Tensor((M,), F32),
                 h_in: T.Tensor((Tn, D), dtype), h_post: T.Tensor((Tn, n), F32),
                 h_res: T.Tensor((Tn, n * n), F32), h_mix: T.Tensor((Tn, Mp), F32),
-                inv_rms: T.Tensor((Tn,), F32), h_pre: T.Tensor((Tn, n), F32)):
+                inv_rms: T.Tensor((Tn,), F32), h_pre: T.Tensor((Tn, n), F32),
+                s_comp: T.Tensor((Tn, n), F32)):
         with T.Kernel(T.ceildiv(Tn, BT), threads=128) as bx:
             xs = T.alloc_shared((BT, BK), dtype)
             ps = T.alloc_shared((3 * Mp, BK), BF16)
@@ -240,6 +241,8 @@ def fwd_kernel(n: int, D: int, dtype: str, norm_eps: float, hc_eps: float, post_
                     h_mix[row, j] = hmv
                     if j < n:
                         h_pre[row, j] = _sigmoid(alpha[0] * tv + bias[jb]) + T.float32(hc_eps)
+                        # 1 - s from the logit, for the backward's s (1 - s) (bwd_tok_kernel)
+                        s_comp[row, j] = _sigmoid(-(alpha[0] * tv + bias[jb]))
                     if j >= n:
                         if j < 2 * n:
                             h_post[row, j - n] = T.float32(post_mult) * _sigmoid(alpha[1] * tv + bias[jb])
@@ -276,8 +279,8 @@ def bwd_tok_kernel(n: int, D: int, dtype: str, hc_eps: float, post_mult: float, 
     def mhc_bwd_tok(x: T.Tensor((Tn, nD), dtype), g_in: T.Tensor((Tn, D), dtype),
                     g_post: T.Tensor((Tn, n), F32), g_res: T.Tensor((Tn, n * n), F32),
                     h_mix: T.Tensor((Tn, Mp), F32), inv_rms: T.Tensor((Tn,), F32),
-                    h_pre: T.Tensor((Tn, n), F32), h_post: T.Tensor((Tn, n), F32),
-                    alpha: T.Tensor((3,), F32),
+                    h_pre: T.Tensor((Tn, n), F32), s_comp: T.Tensor((Tn, n), F32),
+                    h_post: T.Tensor((Tn, n), F32), alpha: T.Tensor((3,), F32),
                     dhm: T.Tensor((Tn, MF), F32), coef: T.Tensor((Tn,), F32),
                     part_bias: T.Tensor((NB, MF), F32), part_alpha: T.Tensor((NB, MF), F32)):
         with T.Kernel(T.ceildiv(Tn, BT1), threads=128) as bx:
@@ -314,8 +317,11 @@ def bwd_tok_kernel(n: int, D: int, dtype: str, hc_eps: float, post_mult: float, 
                 jn = T.min(j, n - 1)
                 jp = T.min(T.max(j - n, 0), n - 1)
                 jr = T.min(T.max(j - 2 * n, 0), n * n - 1)
+                # s (1 - s): s = h_pre - hc_eps keeps its digits where s is small, the forward's 1 - s (s_comp)
+                # where s is near 1; 1 - (h_pre - hc_eps) kept few there (saturating gates: dalpha.pre at 5x the
+                # floor's error on an H200)
                 s = h_pre[rc, jn] - T.float32(hc_eps)
-                g2pre = dp_s[i, jn] * s * (T.float32(1) - s)
+                g2pre = dp_s[i, jn] * s * s_comp[rc, jn]
                 hp = h_post[rc, jp]
                 g2post = g_post[rc, jp] * hp * (T.float32(1) - hp / T.float32(post_mult))
                 g2 = T.if_then_else(

@@ -153,21 +153,22 @@ class MhcPreFunction(torch.autograd.Function):
         h_mix = torch.empty(T, p.Mp, **f32)
         inv_rms = torch.empty(T, **f32)
         h_pre = torch.empty(T, n, **f32)
+        s_comp = torch.empty(T, n, **f32)  # 1 - sigmoid of h_pre's logit (the backward's s (1 - s))
         QT = torch.empty(3 * nD, p.MF, device=dev, dtype=torch.bfloat16)
         if T > 0:
             ks = _kernels(n, D, dt, norm_eps, hc_eps, post_mult)
             P = torch.empty(3 * p.Mp, nD, device=dev, dtype=torch.bfloat16)
             with torch.cuda.device(dev):
                 ks["prep"](phi32, gam, P, QT)
-                ks["fwd"](X, P, alpha32, bias32, h_in, h_post, h_res, h_mix, inv_rms, h_pre)
-        ctx.save_for_backward(X, phi32, alpha32, gam, QT, h_mix, inv_rms, h_pre, h_post)
+                ks["fwd"](X, P, alpha32, bias32, h_in, h_post, h_res, h_mix, inv_rms, h_pre, s_comp)
+        ctx.save_for_backward(X, phi32, alpha32, gam, QT, h_mix, inv_rms, h_pre, s_comp, h_post)
         ctx.meta = (B, S, n, D, dt, norm_eps, hc_eps, post_mult, gamma is not None,
                     phi.dtype, alpha.dtype, bias.dtype, None if gamma is None else gamma.dtype)
         return h_in.view(B, S, D), h_post.view(B, S, n), h_res.view(B, S, n, n)
 
     @staticmethod
     def backward(ctx, g_in: Tensor, g_post: Tensor, g_res: Tensor):
-        X, phi32, alpha32, gam, QT, h_mix, inv_rms, h_pre, h_post = ctx.saved_tensors
+        X, phi32, alpha32, gam, QT, h_mix, inv_rms, h_pre, s_comp, h_post = ctx.saved_tensors
         B, S, n, D, dt, norm_eps, hc_eps, post_mult, has_gamma, phi_dt, alpha_dt, bias_dt, gamma_dt = ctx.meta
         T, nD, M = B * S, n * D, n * n + 2 * n
         p = K.plan(n, D, dt)
@@ -190,7 +191,7 @@ class MhcPreFunction(torch.autograd.Function):
             part_alpha = torch.empty(nb, p.MF, **f32)
             part = torch.empty(_splits(T, D, p, dev), p.MF, nD, **f32)
             with torch.cuda.device(dev):
-                ks["bwd_tok"](X, gi, gp, gr, h_mix, inv_rms, h_pre, h_post, alpha32, dhm, coef,
+                ks["bwd_tok"](X, gi, gp, gr, h_mix, inv_rms, h_pre, s_comp, h_post, alpha32, dhm, coef,
                               part_bias, part_alpha)
                 ks["bwd_col"](X, gi, dhm, coef, h_pre, QT, gam, dx, part)
                 ks["fin_phi"](part, phi32, gam, dphi, dgamma)

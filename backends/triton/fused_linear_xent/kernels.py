@@ -350,7 +350,7 @@ def _dz_chunk_kernel(z_ptr, pm_ptr, dz_ptr, y_ptr, lse_ptr, g_ptr, glse_ptr, den
 
 
 @triton.jit
-def _dz_gemm_kernel(h_ptr, w_ptr, b_ptr, y_ptr, lse_ptr, g_ptr, glse_ptr, den_ptr, dz_ptr, dbp_ptr,
+def _dz_gemm_kernel(h_ptr, w_ptr, b_ptr, y_ptr, lse_ptr, zy_ptr, g_ptr, glse_ptr, den_ptr, dz_ptr, dbp_ptr,
                     T, V, H, v_off, s_ht, s_hk, s_wv, s_wk, s_b, s_y, s_g, s_gl, s_dzt, s_dbp,
                     ignore_index, eps, lam, inv_v, cap,
                     G_ROWS: tl.constexpr, SCALED: tl.constexpr, HAS_GLSE: tl.constexpr,
@@ -359,6 +359,9 @@ def _dz_gemm_kernel(h_ptr, w_ptr, b_ptr, y_ptr, lse_ptr, g_ptr, glse_ptr, den_pt
                     TMA: tl.constexpr = False):
     """Lean mode: logits of a vocabulary slab recomputed and turned into dZ in the epilogue
     (LSE known from the forward); with a bias, column sums of this row block's float32 dZ.
+    The target's logit is the forward's (zy_ptr), not the recomputed one: this GEMM's chain rounds otherwise
+    than the one the LSE came from, by ~1e-5 at logits of 30, and at a confident token p_y - 1 =
+    exp(z_y - LSE) - 1 (~-1e-10) would be that difference.
     TMA: h_ptr and w_ptr are tensor descriptors (_mm_tma)."""
     pid_m, pid_n = _tile_ids(tl.program_id(0), T, V, BM, BN, GROUP)
     rm = pid_m * BM + tl.arange(0, BM)
@@ -374,6 +377,9 @@ def _dz_gemm_kernel(h_ptr, w_ptr, b_ptr, y_ptr, lse_ptr, g_ptr, glse_ptr, den_pt
     lse = tl.load(lse_ptr + rm, mask=rmask, other=0.0)
     y, coef, gl = _row_coef(rm, rmask, y_ptr, s_y, g_ptr, s_g, den_ptr, glse_ptr, s_gl, ignore_index,
                             G_ROWS, SCALED, HAS_GLSE)
+    mine = rmask & (y >= v_off + pid_n * BN) & (y < v_off + pid_n * BN + BN)
+    zy = tl.load(zy_ptr + rm, mask=mine, other=0.0)
+    z = tl.where((rn + v_off)[None, :] == y[:, None], zy[:, None], z)
     dz = tl.where(mask, _dz(z, rn + v_off, y, lse, coef, gl, eps, lam, inv_v, cap, SOFTCAP), 0.0)
     if HAS_BIAS:
         tl.store(dbp_ptr + pid_m * s_dbp + rn, tl.sum(dz, 0), mask=rn < V)

@@ -389,9 +389,10 @@ def _dw_tile(g: Gemm, T: int, cfg: Config) -> Gemm:
     return cfg.dw_small if cfg.dw_small is not None and T < g.BK else g
 
 
-def _chunks(h, W, b, y, o: _Opts, cfg: Config, lse, lt, gr: _Grad | None = None, dh=None, dh_mode=0):
+def _chunks(h, W, b, y, o: _Opts, cfg: Config, lse, lt, gr: _Grad | None = None, dh=None, dh_mode=0, zy=None):
     """The token-chunk pass: LSE and per-token loss, and with ``gr`` the fast-mode gradients
-    (dhidden rows into ``dh``: float32 with dh_mode 0, the output with dh_mode 2).
+    (dhidden rows into ``dh``: float32 with dh_mode 0, the output with dh_mode 2); with ``zy`` [T], each
+    token's target logit as the forward's GEMM formed it (the lean backward's; ignored tokens left unwritten).
 
     Returns the float32 dweight and dbias accumulators (None without ``gr``)."""
     T, V = h.shape[0], W.shape[0]
@@ -409,6 +410,8 @@ def _chunks(h, W, b, y, o: _Opts, cfg: Config, lse, lt, gr: _Grad | None = None,
         hc, yc = h[t0:t0 + c], y[t0:t0 + c]
         _logits(hc, W, b, yc, z, st, o, cfg)
         _row_stats(st, yc, lse[t0:t0 + c], lt[t0:t0 + c], V, o)
+        if zy is not None:
+            zy[t0:t0 + c].copy_(st[3][:c])
         if gr is None:
             continue
         _dz_pass(z[:c], st[0], dz[:c], yc, lse[t0:], gr, t0, dbp, o, cfg)
@@ -536,7 +539,7 @@ def lean_extra_bytes(T: int, H: int, V: int, dtype: torch.dtype, cfg: Config, bi
     return extra
 
 
-def _lean_backward(h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Config):
+def _lean_backward(h, W, b, y, lse, zy, gr: _Grad, o: _Opts, cfg: Config):
     (T, H), V, g = h.shape, W.shape[0], cfg.dzg
     cublas = cfg.cublas and h.is_cuda and h.dtype == torch.bfloat16
     if cublas:  # as in _held_backward: g / D into dZ, so that the GEMMs need no scale
@@ -555,7 +558,7 @@ def _lean_backward(h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Config):
         v0, s = st.v0, st.s
         Ws = W[v0:v0 + s]
         dz = buf[:, :s] if st.scratch is None else flat[st.scratch * H:st.scratch * H + T * s].view(T, s)
-        _dz_slab(h, Ws, b[v0:v0 + s] if b is not None else None, y, lse, dz, dbp, v0, V, gr, o, g)
+        _dz_slab(h, Ws, b[v0:v0 + s] if b is not None else None, y, lse, zy, dz, dbp, v0, V, gr, o, g)
         if st.dw:
             _lean_dw(dz, h, dw[v0:v0 + s], gr, cfg, cublas)
         if st.dh:
@@ -565,14 +568,14 @@ def _lean_backward(h, W, b, y, lse, gr: _Grad, o: _Opts, cfg: Config):
     return dh, dw, _cast(db32, b.dtype, gr) if b is not None else None
 
 
-def _dz_slab(h, Ws, bs, y, lse, dz, dbp, v0: int, V: int, gr: _Grad, o: _Opts, g: Gemm) -> None:
+def _dz_slab(h, Ws, bs, y, lse, zy, dz, dbp, v0: int, V: int, gr: _Grad, o: _Opts, g: Gemm) -> None:
     """The logits of vocabulary entries [v0, v0 + s) for all tokens, turned into dZ (the first s columns of
-    ``dz``); with a bias, the slab's dbias partials into ``dbp``."""
+    ``dz``), the target's from the forward (``zy``); with a bias, the slab's dbias partials into ``dbp``."""
     T, H = h.shape
     s = Ws.shape[0]
     ptrs, strides, flags = gr.dz_args(0)
     (ha, wa), tma = _tma_args((h, [g.BM, g.BK]), (Ws, [g.BN, g.BK]))
-    _launch(K._dz_gemm_kernel, _grid(T, s, g), g, ha, wa, _or(bs, dz), y, lse, *ptrs, dz, _or(dbp, dz),
+    _launch(K._dz_gemm_kernel, _grid(T, s, g), g, ha, wa, _or(bs, dz), y, lse, zy, *ptrs, dz, _or(dbp, dz),
             T, s, H, v0, h.stride(0), h.stride(1), Ws.stride(0), Ws.stride(1), _s0(bs), y.stride(0), *strides,
             dz.stride(0), _s0(dbp), *o.row_args(V), HAS_BIAS=bs is not None, SOFTCAP=o.cap is not None,
             EVEN_K=H % g.BK == 0, PREC=PREC, TMA=tma, **flags)
@@ -615,7 +618,7 @@ class FusedLinearXent(torch.autograd.Function):
         lt = torch.empty((T,), dtype=F32, device=dev)
         den = torch.empty((), dtype=F32, device=dev)
         loss = torch.empty((), dtype=F32, device=dev)
-        ctx.pre = ctx.held = None
+        ctx.pre = ctx.held = ctx.zy = None
         wants = any(ctx.needs_input_grad[:3])
         if wants and not lean and holds_logits(T, weight.shape[0], hidden.shape[1], hidden.dtype, cfg):
             ctx.held = _held_forward(hidden, weight, bias, targets, o, cfg, lse, lt)
@@ -626,7 +629,9 @@ class FusedLinearXent(torch.autograd.Function):
             dw32, db32 = _chunks(hidden, weight, bias, targets, o, cfg, lse, lt, unit, dh32, 0)
             ctx.pre = (dh32, dw32, db32)
         else:
-            _chunks(hidden, weight, bias, targets, o, cfg, lse, lt)
+            # the lean backward takes the target logits as this GEMM formed them (_dz_gemm_kernel)
+            ctx.zy = torch.empty((T,), dtype=F32, device=dev) if wants and lean else None
+            _chunks(hidden, weight, bias, targets, o, cfg, lse, lt, zy=ctx.zy)
         _launch(K._loss_kernel, (1,), None, lt, targets, loss, den, T, targets.stride(0), o.ignore_index,
                 float(o.normalizer or 0.0), MEAN=o.reduction == "mean", HAS_NORM=o.normalizer is not None,
                 BLOCK=1024, num_warps=4)
@@ -654,7 +659,7 @@ class FusedLinearXent(torch.autograd.Function):
             del dw32
             db = _cast(db32, ctx.dtypes[2], gr) if db32 is not None else None
         elif ctx.lean:
-            dh, dw, db = _lean_backward(hidden, weight, bias, targets, lse, gr, o, ctx.cfg)
+            dh, dw, db = _lean_backward(hidden, weight, bias, targets, lse, ctx.zy, gr, o, ctx.cfg)
         else:
             dh = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
             lt = torch.empty_like(lse)
