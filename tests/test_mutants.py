@@ -38,7 +38,7 @@ def test_zoo_catches_every_mutant_that_runs_here(tmp_path: Path):
 
 def test_a_zoo_stopped_part_way_leaves_the_mutants_it_finished_and_resumes(tmp_path: Path):
     # stopped (SIGTERM, as a call's time limit or `timeout` sends it) as soon as its first caught mutant is
-    # printed: the reports hold that mutant, and say how many were still running; --resume runs the others
+    # printed: the reports hold that mutant, and name those still running; --resume runs the others
     zoo = [sys.executable, "-m", "harness", "mutants", "--kernel", "mhc_pre", "--device", "cpu", "--report",
            str(tmp_path), "--no-progress"]
     p = subprocess.Popen(zoo, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -54,16 +54,17 @@ def test_a_zoo_stopped_part_way_leaves_the_mutants_it_finished_and_resumes(tmp_p
         p.kill()
     assert p.returncode != 0, "".join(lines) + rest
     out = json.loads((tmp_path / "cpu" / "mutants.json").read_text())
-    assert out["pending"] >= 1 and out["caught"] >= 1, out
-    assert "**Partial**" in (tmp_path / "cpu" / "mutants.md").read_text()
     first = {r["mutant"] for r in out["rows"]}
+    assert out["pending"] and out["caught"] >= 1 and not first & set(out["pending"]), out
+    page = (tmp_path / "cpu" / "mutants.md").read_text()
+    assert "**Partial**" in page and all(m in page.split("**Partial**")[1].split("\n")[0] for m in out["pending"])
     r = subprocess.run(zoo + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"resumed: {len(first)} mutant(s)" in r.stdout
     ran_again = {line.split()[0] for line in r.stdout.splitlines()[2:] if "CAUGHT" in line.split()}
     assert not ran_again & first, f"resumed mutants were run again: {ran_again & first}"
     done = json.loads((tmp_path / "cpu" / "mutants.json").read_text())
-    assert done["pending"] == 0 and first <= {r["mutant"] for r in done["rows"]}
+    assert done["pending"] == [] and first <= {r["mutant"] for r in done["rows"]}
     assert done["caught"] == done["ran"] >= out["caught"] + len(ran_again)
 
 

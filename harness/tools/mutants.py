@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +122,7 @@ def run_zoo(
             return
         done.update({m.id: _score(m, results) for m in fresh})
         # written before it is printed: what the terminal shows is on disk when the run is stopped
-        _write_reports(in_zoo_order(), device, report_dir, pending=len(zoo) - len(done))
+        _write_reports(in_zoo_order(), device, report_dir, pending=[m.id for m in zoo if m.id not in done])
         print("\n".join(_table([done[m.id] for m in fresh])[1:]), flush=True)
 
     results = _run_cells(tasks, index, timeout, score_finished)
@@ -281,9 +281,9 @@ def _expected(exp: Expectation | None) -> str:
             + (f" hint {exp.hint}" if exp.hint else ""))
 
 
-def _write_reports(rows: list[dict[str, Any]], device: str, report_dir: str, pending: int = 0) -> None:
-    """``mutants.md`` and ``mutants.json`` in the report folder of this device class; ``pending``: mutants
-    still running when this was written (the reports of a zoo in progress, or of one stopped part way)."""
+def _write_reports(rows: list[dict[str, Any]], device: str, report_dir: str, pending: Sequence[str] = ()) -> None:
+    """``mutants.md`` and ``mutants.json`` in the report folder of this device class; ``pending``: the ids of
+    mutants still running when this was written (the reports of a zoo in progress, or of one stopped part way)."""
     caught, ran, score, skipped = _tally(rows)
     prov = run_provenance(device)
     out = Path(report_dir) / device_class(device)
@@ -296,8 +296,9 @@ def _write_reports(rows: list[dict[str, Any]], device: str, report_dir: str, pen
         "",
     ]
     if pending:
-        md += [f"**Partial**: {pending} more mutant(s) were still running when this was written; a zoo "
-               "stopped part way leaves the ones it finished.", ""]
+        md += [f"**Partial**: {len(pending)} more mutant(s) were still running when this was written "
+               f"({', '.join(pending)}); a zoo stopped part way leaves the ones it finished (`--resume` runs "
+               "the rest).", ""]
     md += [
         "| mutant | seed | operator / backend | planted defect | case | expected | result | hints | shown |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -312,6 +313,6 @@ def _write_reports(rows: list[dict[str, Any]], device: str, report_dir: str, pen
                 f"{c.get('shown') or '; '.join(c.get('problems', [])) or r.get('detail', '')} |"
             )
     atomic_write(out / "mutants.md", "\n".join(md) + "\n")
-    summary = {"provenance": prov, "score": score, "caught": caught, "ran": ran, "pending": pending,
+    summary = {"provenance": prov, "score": score, "caught": caught, "ran": ran, "pending": list(pending),
                "rows": [{k: v for k, v in r.items() if k != "m"} for r in rows]}
     atomic_write(out / "mutants.json", json.dumps(summary, indent=1, default=str))
