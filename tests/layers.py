@@ -31,6 +31,7 @@ TEST_LAYERS: dict[str, Layer] = {
     "test_reference_xent": "unit",
     "test_skip_rules": "unit",  # not measured (new), by reading: the plan's skip table
     "test_twins": "unit",
+    "test_merge": "unit",  # not measured (new), by reading: small report folders in tmp_path, in process
     "test_gluon_softmax_xent": "unit",  # not measured (new), by reading: registry, skip rules, CPU tensors
     # a compiler for sm_90 with no GPU; each module one xdist group, its builds once (up to 44 s a test)
     "test_cuda_compile": "compile",

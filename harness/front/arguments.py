@@ -74,6 +74,18 @@ def plugin_arg(text: str) -> str:
     return text
 
 
+def existing_report(text: str) -> str:
+    """A report folder that exists and holds records (``harness report --add``)."""
+    p = Path(text)
+    if not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: no such folder; expected a report folder that `harness run` "
+                                         "wrote")
+    if not any(any(p.glob(g)) for g in ("*/*.jsonl", "*/*.jsonl.gz")):
+        raise argparse.ArgumentTypeError(f"{text!r} holds no cell records (no <device-class>/<operator>.jsonl); "
+                                         "expected a report folder that `harness run` wrote")
+    return text
+
+
 def report_arg(text: str) -> str:
     """A folder for reports: absent (created) or a folder; a file, or a path through a file, is refused."""
     p = Path(text)

@@ -17,6 +17,7 @@ from ..model.spec import as_list, dtype_of
 from ..render import report
 from ..run.session import load_plugins  # one definition, shared with the pytest plugin
 from ..store import reports
+from ..store.merge import merge_folder
 from ..store.reports import DEFAULT_REPORT_ROOT, ensure_harness_dir
 from ..tools.bench import run_bench
 from ..tools.bench_report import redraw
@@ -71,6 +72,8 @@ def cmd_list(a: argparse.Namespace) -> int:
 def cmd_report(a: argparse.Namespace) -> int:
     load_plugins(a.plugin)
     root = Path(a.report)
+    for src in a.add:
+        _add_folder(Path(src), root)
     if not root.is_dir():
         raise UsageError(f"--report {a.report}: no such folder; expected a report folder that `harness run` wrote "
                          f"(by default {DEFAULT_REPORT_ROOT} under the current folder)")
@@ -97,6 +100,24 @@ def cmd_report(a: argparse.Namespace) -> int:
               "not registered here (load the plugin with --plugin, or install the extra that registers it, e.g. "
               "'.[liger]'); render them where it is", file=sys.stderr)
     return 0
+
+
+def _add_folder(src: Path, root: Path) -> None:
+    """``harness report --add SRC``: SRC's records merged into the report folder ``root`` (store/merge.py)."""
+    if src.resolve() == root.resolve():
+        raise UsageError(f"--add {src}: is the --report folder itself; expected another report folder")
+    ensure_harness_dir(root)
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        got = merge_folder(src, root)
+    except reports.FolderBusy as e:
+        raise UsageError(f"--add {src}: {e}") from e
+    except OSError as e:
+        raise UsageError(f"--add {src}: cannot merge into {root}: {e.strerror or e}") from e
+    what = ", ".join(f"{k} {n} records" for k, n in got.records.items())
+    print(f"added {src}: {what}; {got.new_runs} run(s) new to {root}")
+    if got.left:
+        print(f"  not merged (each is one run's page; copy it where it is the newer): {', '.join(got.left)}")
 
 
 def cmd_mutants(a: argparse.Namespace) -> int:

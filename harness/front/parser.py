@@ -7,7 +7,18 @@ import argparse
 
 from ..store.reports import DEFAULT_REPORT_ROOT
 from . import check
-from .arguments import Parser, at_least, budget, device_arg, fraction, growth, plugin_arg, report_arg, seconds
+from .arguments import (
+    Parser,
+    at_least,
+    budget,
+    device_arg,
+    existing_report,
+    fraction,
+    growth,
+    plugin_arg,
+    report_arg,
+    seconds,
+)
 from .commands import cmd_bench, cmd_list, cmd_mutants, cmd_report, cmd_repro
 from .minimal import default_seconds
 from .run_command import cmd_run
@@ -106,6 +117,10 @@ def _report(sub: Subcommands) -> None:
                          "--report reports)")
     rp.add_argument("--plugin", type=plugin_arg, action="append", default=[],
                     help="adapter file or module whose backends' declarations apply when re-judging (repeatable)")
+    rp.add_argument("--add", type=existing_report, action="append", default=[], metavar="DIR",
+                    help="first merge the cell records of another report folder into --report (repeatable): a "
+                         "sweep split over machines, GPUs or CI jobs renders as one report; where both hold a "
+                         "cell, the newer run's result wins")
     rp.set_defaults(fn=cmd_report)
 
 

@@ -106,7 +106,7 @@ class FolderBusy(Exception):
         else:
             who = "another run (which recorded nothing about itself yet)"
         super().__init__(f"the report folder {folder} is in use by {who}; wait for it to end, or give another "
-                         "--report")
+                         "--report (`harness report --report ONE --add OTHER` merges two folders)")
 
 
 class FolderLock:
