@@ -139,6 +139,34 @@ def test_two_runs_of_different_operators_into_one_fresh_report_folder(tmp_path: 
     assert records(dc, "lazy_attention") and records(dc, "softmax_xent") and records(dc, "fused_linear_xent")
 
 
+def test_two_runs_at_once_take_two_folders_and_merge_into_one(tmp_path: Path):
+    # one run per GPU (here both on the same one): a second run into a folder in use is refused with the way
+    # out; in folders of their own they run at once, and `harness report --add` renders them as one
+    one, two, both = tmp_path / "one", tmp_path / "two", tmp_path / "both"
+    first = start("run", "--kernel", "lazy_attention", "--backend", "triton", "--dtype", "bfloat16", "--sizes",
+                  "smoke", "--device", "cuda", "--report", str(one), "--no-progress")
+    try:
+        wait_for(lambda: any(one.glob("*/.lock")), what="the first run to take its folder")
+        refused = harness("run", "--kernel", "xent", "--backend", "torch", "--dtype", "float32", "--sizes", "smoke",
+                          "--device", "cuda", "--report", str(one), "--no-progress")
+        assert refused.returncode == 2 and "in use by another run" in refused.stderr and "--add" in refused.stderr, \
+            said(refused)
+        second = harness("run", "--kernel", "xent", "--backend", "torch", "--dtype", "float32", "--sizes", "smoke",
+                         "--device", "cuda", "--report", str(two), "--no-progress")
+        assert second.returncode == 0, said(second)
+        out, _ = first.communicate(timeout=420)
+        assert first.returncode == 0, out[-4000:]
+    finally:
+        first.kill()
+    merged = harness("report", "--report", str(both), "--add", str(one), "--add", str(two))
+    assert merged.returncode == 0, said(merged)
+    dc = device_class_dir(both)
+    status = (both / "STATUS.md").read_text()
+    for op in ("lazy_attention", "softmax_xent", "fused_linear_xent"):
+        assert f"| {op} |" in status, status
+    assert (dc / "lazy_attention.md").exists() and (dc / "softmax_xent.md").exists()
+
+
 def test_the_default_report_folder_leaves_a_clone_clean(tmp_path: Path):
     # a git repository of the user's, the harness run from it with no --report
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
