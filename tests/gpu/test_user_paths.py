@@ -143,8 +143,9 @@ def test_two_runs_at_once_take_two_folders_and_merge_into_one(tmp_path: Path):
     # one run per GPU (here both on the same one): a second run into a folder in use is refused with the way
     # out; in folders of their own they run at once, and `harness report --add` renders them as one
     one, two, both = tmp_path / "one", tmp_path / "two", tmp_path / "both"
-    first = start("run", "--kernel", "lazy_attention", "--backend", "triton", "--dtype", "bfloat16", "--sizes",
-                  "smoke", "--device", "cuda", "--report", str(one), "--no-progress")
+    # every dtype: its compiles keep the first run going well past the second's start (about a minute)
+    first = start("run", "--kernel", "lazy_attention", "--backend", "triton", "--sizes", "smoke", "--device", "cuda",
+                  "--report", str(one), "--no-progress")
     try:
         wait_for(lambda: any(one.glob("*/.lock")), what="the first run to take its folder")
         refused = harness("run", "--kernel", "xent", "--backend", "torch", "--dtype", "float32", "--sizes", "smoke",
