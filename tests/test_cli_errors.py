@@ -316,3 +316,15 @@ def test_check_waits_30_s_by_default_and_its_timeout_says_how_to_wait_longer():
                       ("my_adapter.py",), False, 30.0)
     (f,) = check.explain(cell, s)
     assert "no result within 30 s" in f.text and "`harness check my_adapter.py --timeout S`" in f.text
+
+
+def test_output_into_a_pipe_closed_early_ends_quietly_not_as_an_internal_error():
+    # `harness list | head -1`: the reader leaves after one line; the harness ends as SIGPIPE ends other
+    # commands (141), with nothing on stderr, where it printed "internal error: BrokenPipeError"
+    p = subprocess.Popen([sys.executable, "-m", "harness", "list"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == cli.EX_SIGPIPE, err
+    assert err == "", err

@@ -59,7 +59,7 @@ def test_two_shards_render_as_one_folder(tmp_path: Path):
     a = _write(tmp_path / "a", [(_run(base, "a1", "2026-11-29 10:00 UTC", tri), tri)])
     b = _write(tmp_path / "b", [(_run(base, "b1", "2026-11-29 10:00 UTC", gold), gold)])
     got = merge_folder(b, a)
-    assert got.records == {f"cpu/{OP}": len(gold)} and got.new_runs == 1
+    assert got.records == {f"cpu/{OP}": len(gold)} and got.new_runs == {"b1"}
     backends = {c.backend for c in load(a / "cpu", OP)[0]}
     assert backends == {"triton", "golden"}
 
@@ -88,7 +88,7 @@ def test_a_run_both_folders_share_counts_once_and_a_packed_folder_stays_packed(t
     a = _write(tmp_path / "a", [(run, tri[:half])], packed=True)
     b = _write(tmp_path / "b", [(run, tri)])
     got = merge_folder(b, a)
-    assert got.new_runs == 0
+    assert got.new_runs == set()
     assert (a / "cpu" / f"{OP}{PACKED}").exists() and not (a / "cpu" / f"{OP}.jsonl").exists()
     (g,) = groups(a / "cpu", OP)
     assert len(g.lines) == 1 + len(tri) and len(load(a / "cpu", OP)[0]) == len(tri)

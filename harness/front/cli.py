@@ -8,6 +8,8 @@ one line on stderr and the trace in a file."""
 from __future__ import annotations
 
 import logging
+import os
+import select
 import shlex
 import sys
 import tempfile
@@ -20,6 +22,7 @@ from ..store.reports import HARNESS_DIR, ensure_harness_dir
 from .parser import parser
 
 EX_SOFTWARE = 70  # an exception the harness did not expect: a bug in it (sysexits.h), one line and a trace file
+EX_SIGPIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose output pipe was closed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,8 +36,27 @@ def main(argv: list[str] | None = None) -> int:
     except CannotRunHere as e:
         print(f"harness {a.cmd}: {e}", file=sys.stderr)
         return 3
+    except BrokenPipeError as e:
+        if stdout_closed():  # `harness ... | head`: the reader left, as SIGPIPE ends other commands
+            return EX_SIGPIPE
+        return internal_error(a.cmd, e, sys.argv[1:] if argv is None else argv)
     except Exception as e:  # noqa: BLE001 - a bug of the harness (KeyboardInterrupt, SystemExit pass through)
         return internal_error(a.cmd, e, sys.argv[1:] if argv is None else argv)
+
+
+def stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (poll reports an error on its write end); if so
+    it is pointed at /dev/null, so that the interpreter's last flush at exit does not fail again."""
+    try:
+        fd = sys.stdout.fileno()
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        gone = any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no file behind stdout (captured), or no poll here
+        return False
+    if gone:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    return gone
 
 
 def internal_error(cmd: str, e: BaseException, argv: list[str] | None = None) -> int:

@@ -115,7 +115,7 @@ def _add_folder(src: Path, root: Path) -> None:
     except OSError as e:
         raise UsageError(f"--add {src}: cannot merge into {root}: {e.strerror or e}") from e
     what = ", ".join(f"{k} {n} records" for k, n in got.records.items())
-    print(f"added {src}: {what}; {got.new_runs} run(s) new to {root}")
+    print(f"added {src}: {what}; {len(got.new_runs)} run(s) new to {root}")
     if got.left:
         print(f"  not merged (each is one run's page; copy it where it is the newer): {', '.join(got.left)}")
 

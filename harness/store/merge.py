@@ -43,7 +43,7 @@ class Merged:
     destination, and what was left behind with the reason."""
 
     records: dict[str, int] = field(default_factory=dict)
-    new_runs: int = 0
+    new_runs: set[str] = field(default_factory=set)
     left: list[str] = field(default_factory=list)
 
 
@@ -85,8 +85,9 @@ def merged_groups(mine: list[RunGroup], added: list[RunGroup]) -> list[RunGroup]
     return sorted(out, key=lambda g: g.date)  # stable: ties keep the order above
 
 
-def merge_operator(src: Path, dest: Path, op: str) -> tuple[int, int]:
-    """``op``'s records of the device-class folder ``src`` merged into ``dest``; (cell lines, new runs).
+def merge_operator(src: Path, dest: Path, op: str) -> tuple[int, set[str]]:
+    """``op``'s records of the device-class folder ``src`` merged into ``dest``; (cell lines, the ids of runs
+    new to ``dest``).
     The caller holds ``dest``'s lock."""
     mine, added = groups(dest, op), groups(src, op)
     known = {g.run_id for g in mine if g.run_id}
@@ -98,7 +99,7 @@ def merge_operator(src: Path, dest: Path, op: str) -> tuple[int, int]:
     else:
         atomic_write(plain, text)
     cells = sum(len(g.lines) - (g.run is not None) for g in added)
-    return cells, sum(1 for g in added if g.run_id and g.run_id not in known)
+    return cells, {g.run_id for g in added if g.run_id and g.run_id not in known}
 
 
 def _merge_minimal(src: Path, dest: Path, op: str, src_root: Path, dest_root: Path) -> None:
@@ -138,7 +139,7 @@ def merge_folder(src_root: Path, dest_root: Path) -> Merged:
             for op in ops:
                 cells, runs = merge_operator(src, dest, op)
                 result.records[f"{src.name}/{op}"] = cells
-                result.new_runs += runs
+                result.new_runs |= runs
                 _merge_minimal(src, dest, op, src_root, dest_root)
         finally:
             lock.release()
