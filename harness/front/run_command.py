@@ -223,9 +223,8 @@ def resume(tasks: list[Task], dir_: Path | None, commit: str,
 def _reusable(run: dict[str, Any], now: dict[str, Any], backend: str) -> bool:
     """Did ``run`` measure this backend's cells with the code of this run (``now``, its header): the same commit,
     or the same code (provenance.same_code) and the same files of this backend (a plugin's are not in the digest)?"""
-    if run.get("commit") == now.get("commit"):
-        return True
-    return same_code(run, now) and run.get("backends", {}).get(backend) == now.get("backends", {}).get(backend)
+    same_files = run.get("backends", {}).get(backend) == now.get("backends", {}).get(backend)
+    return same_code(run, now) and (run.get("commit") == now.get("commit") or same_files)
 
 
 def recorded_costs(root: str, device: str, dev_class: str, tasks: list[Task]) -> dict[str, dict]:

@@ -9,14 +9,13 @@ bundles of the added folder come along; bench and zoo pages do not (each is one 
 
 from __future__ import annotations
 
-import gzip
 import json
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .reports import PACKED, FolderLock, atomic_write, minimal_path, operators_in, record_files
+from .reports import FolderLock, atomic_write, minimal_path, operators_in, record_files, record_text, write_records
 
 REPRO = "repro"
 
@@ -51,9 +50,7 @@ def groups(dir_: Path, op: str) -> list[RunGroup]:
     """An operator's records in a device-class folder, as runs in file order; cut lines are left out."""
     out: list[RunGroup] = []
     for p in record_files(dir_, op):
-        data = p.read_bytes()
-        text = (gzip.decompress(data) if p.name.endswith(PACKED) else data).decode("utf-8", "replace")
-        for line in text.splitlines():
+        for line in record_text(p).splitlines():
             try:
                 d = json.loads(line)
             except ValueError:
@@ -91,13 +88,7 @@ def merge_operator(src: Path, dest: Path, op: str) -> tuple[int, set[str]]:
     The caller holds ``dest``'s lock."""
     mine, added = groups(dest, op), groups(src, op)
     known = {g.run_id for g in mine if g.run_id}
-    text = "\n".join(ln for g in merged_groups(mine, added) for ln in g.lines) + "\n"
-    packed, plain = dest / f"{op}{PACKED}", dest / f"{op}.jsonl"
-    if packed.exists():  # a folder that keeps its records packed keeps them so (reports.compact)
-        atomic_write(packed, gzip.compress(text.encode(), compresslevel=9, mtime=0))
-        plain.unlink(missing_ok=True)
-    else:
-        atomic_write(plain, text)
+    write_records(dest, op, "\n".join(ln for g in merged_groups(mine, added) for ln in g.lines) + "\n")
     cells = sum(len(g.lines) - (g.run is not None) for g in added)
     return cells, {g.run_id for g in added if g.run_id and g.run_id not in known}
 

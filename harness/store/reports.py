@@ -230,7 +230,8 @@ def operators_in(dir_: Path) -> list[str]:
     return sorted({p.name[: -len(PACKED)] for p in dir_.glob("*" + PACKED)} | {p.stem for p in dir_.glob("*.jsonl")})
 
 
-def _text(p: Path) -> str:
+def record_text(p: Path) -> str:
+    """One of record_files' files as text, unpacked where it is packed."""
     data = p.read_bytes()
     if p.name.endswith(PACKED):
         data = gzip.decompress(data)
@@ -242,7 +243,7 @@ def load(dir_: Path, op: str) -> tuple[list[CellRecord], dict[str, dict]]:
     cells: dict[CellId, CellRecord] = {}
     runs: dict[str, dict] = {}
     for p in record_files(dir_, op):
-        for n, line in enumerate(_text(p).splitlines(), 1):
+        for n, line in enumerate(record_text(p).splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -302,13 +303,11 @@ def compact(dir_: Path, op: str) -> None:
     records those results (and the latest run) come from. Appending every run keeps the whole history,
     which grows without bound in a repository that commits its reports; git keeps the history. A folder that
     keeps the operator's records packed keeps them so, with the appended lines taken in."""
-    p = dir_ / f"{op}.jsonl"
-    packed = dir_ / f"{op}{PACKED}"
     lock = FolderLock(dir_, None, " ".join(sys.argv))
     try:
         lock.acquire()  # a run appending to the file now would lose what it appends while it is rewritten
     except FolderBusy as e:
-        log.warning("%s not compacted: %s", p, e)
+        log.warning("%s not compacted: %s", dir_ / f"{op}.jsonl", e)
         return
     try:
         cells, runs = load(dir_, op)
@@ -320,14 +319,20 @@ def compact(dir_: Path, op: str) -> None:
             if rid in keep:
                 lines.append(record_line({"run": run}))
                 lines += [record_line(_stored(c, dir_.name).to_json()) for c in cells if c.run_id == rid]
-        text = "\n".join(lines) + "\n"
-        if packed.exists():  # mtime 0: the same records pack to the same bytes
-            atomic_write(packed, gzip.compress(text.encode(), compresslevel=9, mtime=0))
-            p.unlink(missing_ok=True)
-        else:
-            atomic_write(p, text)
+        write_records(dir_, op, "\n".join(lines) + "\n")
     finally:
         lock.release()
+
+
+def write_records(dir_: Path, op: str, text: str) -> None:
+    """``op``'s records replaced by ``text`` (whole JSONL lines), under the caller's lock: packed where the folder
+    keeps them packed (the appended lines taken in), else as ``op``.jsonl."""
+    packed, plain = dir_ / f"{op}{PACKED}", dir_ / f"{op}.jsonl"
+    if packed.exists():  # mtime 0: the same records pack to the same bytes
+        atomic_write(packed, gzip.compress(text.encode(), compresslevel=9, mtime=0))
+        plain.unlink(missing_ok=True)
+    else:
+        atomic_write(plain, text)
 
 
 def minimal_path(dir_: Path, op: str) -> Path:

@@ -154,7 +154,6 @@ def _resumed(zoo: list[Mutant], device: str, report_dir: str) -> dict[str, dict[
 SCORED = ("CAUGHT", "MISSED", "SKIP", "ERROR")
 
 
-
 def _tally(rows: list[dict[str, Any]]) -> tuple[int, int, float, int]:
     """(caught, ran, score, skipped) of scored rows: ERROR counts as run and not caught."""
     ran = sum(r["status"] in ("CAUGHT", "MISSED", "ERROR") for r in rows)
