@@ -279,6 +279,25 @@ def test_partial_sums_add_pairwise_in_their_dtype_per_region(monkeypatch):
     assert sums.result("bias", (3, 1)).flatten().tolist() == [3.0, 30.0, 300.0]
 
 
+
+def test_a_chunked_partial_sum_takes_the_root_of_its_chunks_squared_errors_as_a_floor_sample(monkeypatch):
+    """A scalar summed over chunks has as its floor error the sum of the chunks' errors, one sample that may
+    cancel; each draw also adds sqrt(sum of the squared chunk errors), the scale from as many samples as chunks
+    (the chunk error scale, oracle._oracle_and_floor_chunked). Here the unnudged draw's, computed apart."""
+    case = Case("m", {"B": 2, "S": 3, "n": 4, "D": 8})
+    _chunk(monkeypatch, 1)
+    entry = oracle.oracle_and_floor(MHC, case, torch.float32, 0, "cpu", False)
+    plan = entry["plan"]
+    assert len(plan.chunks) > 2 and not plan.split("alpha")
+    sq = None
+    for _, _, og, _, rg in oracle.chunk_references(MHC, plan, entry["inputs"], entry["grad_outputs"], False):
+        e2 = (rg["alpha"].to(torch.float64) - og["alpha"]).square()
+        sq = e2 if sq is None else sq + e2
+    for comp in (c for c in MHC.components if c.name.startswith("dalpha.")):
+        want = float(comp.select(sq.sqrt(), case.params).max())
+        assert want > 0, comp.name
+        assert want in [s.max for s in entry["r_summaries"][comp.name]], comp.name
+
 # ---- cells: chunked against whole -------------------------------------------------------------------------
 
 def test_softmax_xent_cells_chunked_have_the_figures_of_whole_ones(monkeypatch):

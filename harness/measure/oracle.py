@@ -661,7 +661,16 @@ def _oracle_and_floor_chunked(op: OperatorSpec, case: Case, inputs: Inputs, cont
     components are measured chunk by chunk against the backend's (harness/measure/streaming.py), re-evaluating
     the oracle and the unnudged floor there; of the nudged samples only their summaries are kept, as in
     the whole entry. Partial sums (a shared weight's gradient, a loss reduced to a scalar) are added up,
-    the floor's pairwise in float32 before rounding, and kept whole like any result of the whole entry."""
+    the floor's pairwise in float32 before rounding, and kept whole like any result of the whole entry.
+
+    The chunk error scale: a partial sum's floor error is the sum of the chunks' errors, which are independent, so
+    sqrt(sum of the squared chunk errors) estimates the scale of the total's error from as many samples as there
+    are chunks, where |sum| is one sample (it may cancel). Each draw adds that estimate as a floor sample beside its
+    own error. Why: the torch-order draws of a chunked case run their GEMMs at the chunk's shape, which rounds less
+    than the whole shape (orders.py), so a scalar's floor rested on the one or two order draws that round as much
+    as a kernel at the whole shape, each one sample. At mhc_pre n4-D4096-T4097 (7 chunks, bfloat16, an H200, seed
+    31) every draw's dalpha.res error was at most 9.5e-5, against 5.7e-4 and 4.6e-4 at seeds 0 and 32, and golden's
+    steady 3.5e-4 to 3.8e-4 (cuBLAS at the whole shape) failed at 1.07x its bound."""
     plan, shapes = resolved_plan(op, _on_device(plan, inputs.tensors, device), inputs)
     for comp in op.components:  # before the evaluation: a view that a chunk has no place in
         t = shapes.get(comp.tensor_name) if comp.kind == "out" else inputs.tensors.get(comp.tensor_name)
@@ -689,6 +698,7 @@ def _oracle_and_floor_chunked(op: OperatorSpec, case: Case, inputs: Inputs, cont
         # an order draw adds the chunks' partial sums one at a time too (harness/measure/orders.py): a kernel at
         # the whole shape sums over all of the tokens, not over a tree of chunks
         o_sums, r_sums = PartialSums(plan, tree=False), PartialSums(plan, tree=not order)
+        sq_sums = PartialSums(plan, tree=False)  # the chunks' squared partial errors: the chunk error scale (above)
         accs = {c.name: chunking.SummaryAcc() for c in split}
         seen: dict[str, dict[str, bool]] = {"out": {}, "grad": {}}
         for chunk, oo, og, ro, rg in chunk_references(op, plan, inputs, g, tf32, signs, rel, order=order):
@@ -696,8 +706,11 @@ def _oracle_and_floor_chunked(op: OperatorSpec, case: Case, inputs: Inputs, cont
                 for name, ov in o_t.items():
                     seen[kind].setdefault(name, ov is not None)
                     if not plan.split(name):
+                        rv = r_t.get(name)
+                        if ov is not None and rv is not None:
+                            sq_sums.add(name, chunk, (rv.to(torch.float64) - ov).square())
                         o_sums.add(name, chunk, ov)
-                        r_sums.add(name, chunk, r_t.get(name))
+                        r_sums.add(name, chunk, rv)
             for c in split:
                 o_t, r_t = (oo, ro) if c.kind == "out" else (og, rg)
                 err = _err(rounded(c.kind, c.tensor_name, r_t.get(c.tensor_name), inputs, contract),
@@ -708,6 +721,7 @@ def _oracle_and_floor_chunked(op: OperatorSpec, case: Case, inputs: Inputs, cont
                     envelope.add_part(c.kind, c.tensor_name, shape, plan.index(c.tensor_name, chunk), err,
                                       first=sample == 0)
         whole: dict[str, dict[str, tuple]] = {"out": {}, "grad": {}}  # partial sums added up: (oracle, floor)
+        scales: dict[tuple[str, str], tuple[Tensor, Tensor]] = {}  # (root of the summed squares, oracle)
         for kind, names in seen.items():
             for name in names:
                 if not plan.split(name):
@@ -715,6 +729,14 @@ def _oracle_and_floor_chunked(op: OperatorSpec, case: Case, inputs: Inputs, cont
                     o = o_sums.result(name, shape)
                     whole[kind][name] = (o, rounded(kind, name, r_sums.result(name, shape), inputs, contract))
                     envelope.add(kind, {name: [_err(whole[kind][name][1], o)]})
+                    sq = sq_sums.result(name, shape)
+                    if sq is not None and o is not None:
+                        scales[(kind, name)] = (sq.sqrt(), o)
+        for comp in op.components:
+            if comp.name not in accs and (comp.kind, comp.tensor_name) in scales:
+                rss, o = scales[(comp.kind, comp.tensor_name)]
+                summaries.setdefault(comp.name, []).append(FloorSummary.of(comp.select(rss, params),
+                                                                           comp.select(o, params)))
         if sample == 0:
             for kind, table, errs in (("out", o_out, err_out), ("grad", o_grad, err_grad)):
                 for name, present in seen[kind].items():
@@ -736,7 +758,7 @@ def _oracle_and_floor_chunked(op: OperatorSpec, case: Case, inputs: Inputs, cont
             if err is not None:
                 summaries.setdefault(comp.name, []).append(
                     FloorSummary.of(comp.select(err, params), comp.select(o, params)))
-        del signs, o_sums, r_sums, whole
+        del signs, o_sums, r_sums, sq_sums, whole, scales
     if case.microbatches > 1 and op.microbatch is not None:
         _floor_microbatched_chunked(op, inputs, g, case, seed, contract, tf32, plan, o_out, o_grad, summaries)
     extra = _extra_bound(op, case, lambda: _upcast(inputs.tensors, torch.float64), g, tf32, lambda comp: max(

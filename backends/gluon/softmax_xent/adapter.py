@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness import Backend, ContractException, register_backend
+from harness import Backend, ContractException, Gap, register_backend
 
 _DIR = "backends/gluon/softmax_xent/"
 _SOURCES = tuple(_DIR + f for f in ("kernels.py", "wrapper.py", "adapter.py"))
@@ -33,6 +33,15 @@ register_backend(Backend(
                 "in the backward only when g != 1 (checked on the device); per-lane online (max, sum) with "
                 "one exponential per element; fixed-order reductions, no atomics"))
 
+# The in-place design rounds dlogits twice where g != 1: to the 16-bit dtype in the forward (for g = 1), then
+# again after the backward's scaling by g, where a one-pass kernel rounds g * dlogits once. The rms error is then
+# about sqrt(1 + g^2) times one rounding's, against a bound of twice the floor's (one rounding): up to about 2.1x
+# at |g| = 4. Measured on an H200: 1.07x and 1.30x (float16, N4096-V32000-extreme and -extreme-zloss-ls, seed 32,
+# where dlogits / 4096 lies among float16's subnormals), 0.47x and 0.50x at seeds 0 and 31; the ceiling has room.
+TWICE_ROUNDED = Gap("dlogits written for g = 1 in the forward and scaled by g in place in the backward: rounded to "
+                    "the 16-bit dtype twice where g != 1, where a one-pass kernel rounds once",
+                    dtypes=("bfloat16", "float16"), components=("dlogits",), ceiling=3.0)
+
 # As cuda-inplace (issue 31): for training loops that drop the logits after the loss, no dlogits buffer.
 register_backend(Backend(
     operator="softmax_xent", name="gluon-inplace", impl=".wrapper:softmax_xent_gluon_inplace",
@@ -41,5 +50,6 @@ register_backend(Backend(
     contract_exceptions=(ContractException(
         "input-unchanged", "writes dlogits over its logits input by design (no dlogits buffer: for training "
         "loops that drop the logits after the loss)"),),
+    expected_gaps=(TWICE_ROUNDED,),
     description="the gluon backend writing dlogits for g=1 over the logits in the forward; the backward "
                 "scales them in place when g != 1 (one more rounding); one backward per forward"))
