@@ -52,6 +52,11 @@ PERTURB = 2.0**-22
 DRAW_ORDERS = (0,) * FLOOR_SAMPLES + ORDER_BLOCKS
 # the largest tensor whose floor envelope (Envelope) is kept: 16M elements, 64 MB in float32
 ENVELOPE_MAX_NUMEL = 1 << 24
+# the largest partial sum of a chunked case that takes the chunk error scale (_oracle_and_floor_chunked): the
+# scale is for scalars and short vectors, whose floor is a few samples; a larger tensor's max and rms are already
+# statistics over its elements, and the estimate would hold another float64 copy of it (fused_linear_xent's
+# dweight at V=128256, H=4096: 4.2 GB)
+CHUNK_SCALE_MAX_NUMEL = 1 << 20
 PERTURB_TF32 = 2.0**-10
 # How the floor of a TF32-declared backend reduces the matmul operands (harness/measure/tf32.py): towards zero,
 # as the tensor core does with the float32 bits Triton's TF32 tl.dot gives it (measured on an H100,
@@ -666,7 +671,7 @@ def _oracle_and_floor_chunked(op: OperatorSpec, case: Case, inputs: Inputs, cont
     The chunk error scale: a partial sum's floor error is the sum of the chunks' errors, which are independent, so
     sqrt(sum of the squared chunk errors) estimates the scale of the total's error from as many samples as there
     are chunks, where |sum| is one sample (it may cancel). Each draw adds that estimate as a floor sample beside its
-    own error. Why: the torch-order draws of a chunked case run their GEMMs at the chunk's shape, which rounds less
+    own error, for partial sums of at most CHUNK_SCALE_MAX_NUMEL elements. Why: the torch-order draws of a chunked case run their GEMMs at the chunk's shape, which rounds less
     than the whole shape (orders.py), so a scalar's floor rested on the one or two order draws that round as much
     as a kernel at the whole shape, each one sample. At mhc_pre n4-D4096-T4097 (7 chunks, bfloat16, an H200, seed
     31) every draw's dalpha.res error was at most 9.5e-5, against 5.7e-4 and 4.6e-4 at seeds 0 and 32, and golden's
@@ -707,7 +712,7 @@ def _oracle_and_floor_chunked(op: OperatorSpec, case: Case, inputs: Inputs, cont
                     seen[kind].setdefault(name, ov is not None)
                     if not plan.split(name):
                         rv = r_t.get(name)
-                        if ov is not None and rv is not None:
+                        if ov is not None and rv is not None and ov.numel() <= CHUNK_SCALE_MAX_NUMEL:
                             sq_sums.add(name, chunk, (rv.to(torch.float64) - ov).square())
                         o_sums.add(name, chunk, ov)
                         r_sums.add(name, chunk, rv)
